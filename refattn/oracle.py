@@ -1,0 +1,90 @@
+"""The oracle: GQA attention evaluated in mpmath, one query row at a time, straight from the
+formula of DESIGN §1. It exists to validate `refattn.reference` and is only for tiny shapes.
+
+For batch b, query row i (absolute position p = past_len + i), query head h reading KV head
+h // G, with G = Hq // Hkv:
+
+    s_j     = scale * sum_c q[b, i, h, c] * k[b, h // G, j, c]      scale defaults to 1/sqrt(d)
+    s_j     = softcap * tanh(s_j / softcap)                          only when softcap > 0
+    visible = j <= p  and  (W = -1  or  j >= p - W + 1)              W keys, self included
+    m       = max(max_{visible j} s_j, sigma_h)                      sigma_h only with a sink
+    out     = sum_{visible j} e^(s_j - m) v_j  /  (sum_{visible j} e^(s_j - m) + e^(sigma_h - m))
+
+sigma_h is the given sink logit (unscaled, not softcapped; -inf means no sink for that head),
+0 for every head under ``smooth_softmax`` alone, and absent when neither is given. A row with
+no visible key outputs 0.
+
+Every input element is a float and converts to an mpf exactly; all arithmetic (including the
+default 1/sqrt(d), tanh and exp) runs at ``dps`` >= 40 significant digits, so the only
+rounding that reaches the float64 result is the final conversion. Nothing is shared with
+`refattn.reference` except argument validation (`refattn.args`).
+"""
+
+from __future__ import annotations
+
+import mpmath
+import numpy as np
+
+from refattn.args import check_attention_args
+
+# Refuse more query-key pairs (B * Sq * Hq * Skv logits) than this: at ~dps 50 each pair costs
+# d multiply-adds plus an exp, so this cap keeps one call to seconds, not hours.
+MAX_PAIRS = 200_000
+MIN_DPS = 40
+
+
+def attention_mp(q, k, v, *, past_len, window=-1, sink=None, smooth_softmax=False, softcap=0.0,
+                 scale=None, dps=50) -> np.ndarray:
+    """GQA attention in mpmath. ``q: (B, Sq, Hq, d)``, ``k, v: (B, Hkv, past_len + Sq, d)``,
+    ``sink: (Hq,)`` or None. Returns ``(B, Sq, Hq, d)`` float64 (each element the correctly
+    rounded value of the high-precision result, up to the last few of ``dps`` digits)."""
+    a = check_attention_args(q, k, v, past_len=past_len, window=window, sink=sink,
+                             smooth_softmax=smooth_softmax, softcap=softcap, scale=scale)
+    pairs = a.B * a.Sq * a.Hq * a.skv
+    if pairs > MAX_PAIRS:
+        raise ValueError(
+            f"q: B*Sq*Hq*Skv = {a.B}*{a.Sq}*{a.Hq}*{a.skv} = {pairs} query-key pairs exceeds the "
+            f"oracle's limit of {MAX_PAIRS}; the mpmath oracle is for tiny shapes only"
+        )
+    if isinstance(dps, bool) or not isinstance(dps, int) or dps < MIN_DPS:
+        raise ValueError(f"dps: expected an int >= {MIN_DPS} significant digits, got {dps!r}")
+
+    out = np.zeros((a.B, a.Sq, a.Hq, a.d), dtype=np.float64)
+    with mpmath.workdps(dps):
+        mpf = mpmath.mpf
+        to_mp = np.vectorize(lambda x: mpf(float(x)), otypes=[object])
+        qm, km, vm = to_mp(q), to_mp(k), to_mp(v)  # exact: every float is an mpf
+        # Default scale 1/sqrt(d) is taken exactly, not from its float64 rounding.
+        sc = 1 / mpmath.sqrt(a.d) if scale is None else mpf(a.scale)
+        cap = mpf(a.softcap)
+        sigma = None if a.sink is None else [mpf(float(x)) for x in a.sink]  # -inf stays -inf
+        W = a.window
+        for b in range(a.B):
+            for i in range(a.Sq):
+                p = a.past_len + i
+                keys = [j for j in range(a.skv) if j <= p and (W < 0 or j >= p - W + 1)]
+                for h in range(a.Hq):
+                    kvh = h // a.G
+                    out[b, i, h] = _row(qm[b, i, h], km[b, kvh], vm[b, kvh], keys, sc, cap,
+                                        None if sigma is None else sigma[h], a.d)
+    return out
+
+
+def _row(qrow, kh, vh, keys, sc, cap, sigma, d):
+    """One output row: ``qrow: (d,)`` mpf, ``kh, vh: (Skv, d)`` mpf, ``keys`` the visible j."""
+    s = []
+    for j in keys:
+        x = sc * mpmath.fdot(qrow, kh[j])
+        if cap > 0:
+            x = cap * mpmath.tanh(x / cap)
+        s.append(x)
+    cands = s + ([] if sigma is None else [sigma])
+    if not cands:
+        return np.zeros(d)
+    m = max(cands)
+    if m == mpmath.ninf:  # no visible key and a -inf sink: an empty row
+        return np.zeros(d)
+    e = [mpmath.exp(x - m) for x in s]
+    den = mpmath.fsum(e) + (0 if sigma is None else mpmath.exp(sigma - m))
+    return np.array([float(mpmath.fsum(ej * vh[j][c] for ej, j in zip(e, keys)) / den)
+                     for c in range(d)])

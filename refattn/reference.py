@@ -1,0 +1,147 @@
+"""The reference: GQA attention with sinks, smooth softmax, sliding windows and chunked
+prefill, in fp32 or fp64 NumPy.
+
+Semantics (DESIGN §1, ONNX Runtime GroupQueryAttention):
+
+    p = past_len + i                                   absolute position of query row i
+    s_j = scale * q . k_j   (then softcap * tanh(s_j / softcap) when softcap > 0)
+    visible(p, j) = j <= p  and  (W < 0  or  j >= p - W + 1)      W keys, self included
+    m = max(max_{visible j} s_j, sigma_h)
+    out = sum_j e^(s_j - m) v_j / (sum_j e^(s_j - m) + e^(sigma_h - m))
+
+The sink term is present only when a sink is given (``smooth_softmax`` alone means
+sigma_h = 0; a given sink wins over it). A row with no visible key outputs 0 (the causal
+rule always shows a row itself, so this only matters to callers that build their own masks).
+
+How it is computed: blocked over query rows, batched over the G query heads that share a
+KV head, one BLAS GEMM for the scores and one for P.V per block. A block of rows
+[i0, i1) only touches keys [lo, hi) with hi = p(i1 - 1) + 1 and, under a window,
+lo = p(i0) - W + 1, so work is O(Sq * W) under a window, not O(Sq * Skv). The mask is only
+evaluated on the two triangles where it can bite (the causal edge and the window edge);
+columns in between are visible to every row of the block. No (Hq, Sq, Skv) tensor is ever
+built: peak scratch is bounded by ``_SCRATCH_BYTES`` per block.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from refattn.args import Attn, check_attention_args, check_dtype
+
+# Scratch budget for one block's score matrix (G x rows x keys). Sets the query block size.
+_SCRATCH_BYTES = 96 * 2**20
+_MIN_ROWS, _MAX_ROWS = 16, 512
+
+
+def visible(p, j, window: int):
+    """Key ``j`` is visible from absolute query position ``p`` (broadcasting arrays).
+
+    ORT convention: ``W`` keys are visible, self included, i.e. ``p - W + 1 <= j <= p``;
+    ``window = -1`` means causal only.
+    """
+    causal = j <= p
+    return causal if window < 0 else causal & (j >= p - window + 1)
+
+
+def attention(q, k, v, *, past_len, window=-1, sink=None, smooth_softmax=False, softcap=0.0,
+              scale=None, dtype=np.float32) -> np.ndarray:
+    """GQA attention. ``q: (B, Sq, Hq, d)``, ``k, v: (B, Hkv, past_len + Sq, d)``,
+    ``sink: (Hq,)`` or None. Returns ``(B, Sq, Hq, d)`` in ``dtype`` (float32 computes in
+    fp32, float64 in fp64)."""
+    dt = check_dtype(dtype)
+    a = check_attention_args(q, k, v, past_len=past_len, window=window, sink=sink,
+                             smooth_softmax=smooth_softmax, softcap=softcap, scale=scale)
+    out, _ = _attention(a, q, k, v, dt, with_baseline=False)
+    return out
+
+
+def attention_with_baseline(q, k, v, *, past_len, window=-1, sink=None, smooth_softmax=False,
+                            softcap=0.0, scale=None) -> tuple[np.ndarray, np.ndarray]:
+    """The fp64 reference and, from the same scores, the low-precision baseline of the
+    tolerance model (DESIGN §4): P = e^(s - m) rounded to fp16 before P.V, the denominator
+    from unrounded P, and the output rounded to fp16 (returned as float64)."""
+    a = check_attention_args(q, k, v, past_len=past_len, window=window, sink=sink,
+                             smooth_softmax=smooth_softmax, softcap=softcap, scale=scale)
+    return _attention(a, q, k, v, np.dtype(np.float64), with_baseline=True)
+
+
+def attention_lowp(q, k, v, **kw) -> np.ndarray:
+    """Only the low-precision baseline of :func:`attention_with_baseline`."""
+    return attention_with_baseline(q, k, v, **kw)[1]
+
+
+def _rows_per_block(G: int, n_keys: int, itemsize: int) -> int:
+    rows = _SCRATCH_BYTES // max(1, 2 * G * n_keys * itemsize)  # scores + one temporary
+    return int(min(_MAX_ROWS, max(_MIN_ROWS, rows)))
+
+
+def _attention(a: Attn, q, k, v, dt: np.dtype, with_baseline: bool):
+    B, Sq, Hq, d, G = a.B, a.Sq, a.Hq, a.d, a.G
+    W = a.window
+    band = a.skv if W < 0 else min(a.skv, W + _MAX_ROWS)
+    rows = _rows_per_block(G, band, dt.itemsize)
+    out = np.zeros((B, Sq, Hq, d), dtype=dt)
+    base = np.zeros((B, Sq, Hq, d), dtype=np.float64) if with_baseline else None
+    sink = None if a.sink is None else a.sink.astype(dt)
+    for b in range(B):
+        for h in range(a.Hkv):
+            heads = slice(h * G, (h + 1) * G)
+            qh = np.ascontiguousarray(q[b, :, heads, :].transpose(1, 0, 2), dtype=dt)  # (G, Sq, d)
+            kh = np.asarray(k[b, h], dtype=dt)  # (Skv, d)
+            vh = np.asarray(v[b, h], dtype=dt)
+            sg = None if sink is None else sink[heads]
+            for i0 in range(0, Sq, rows):
+                i1 = min(Sq, i0 + rows)
+                o, ob = _block(a, qh[:, i0:i1], kh, vh, sg, i0, i1, dt, with_baseline)
+                out[b, i0:i1, heads, :] = o.transpose(1, 0, 2)
+                if with_baseline:
+                    base[b, i0:i1, heads, :] = ob.transpose(1, 0, 2)
+    return out, base
+
+
+def _block(a: Attn, qb, kh, vh, sink, i0: int, i1: int, dt, with_baseline: bool):
+    """Rows [i0, i1) of the G heads in ``qb: (G, rows, d)`` against their key band."""
+    G, R, d = qb.shape
+    W = a.window
+    p0, p1 = a.past_len + i0, a.past_len + i1 - 1  # first and last absolute positions
+    lo = 0 if W < 0 else max(0, p0 - W + 1)
+    hi = p1 + 1
+    s = (qb.reshape(G * R, d) @ kh[lo:hi].T).reshape(G, R, hi - lo)
+    s *= dt.type(a.scale)
+    if a.softcap > 0:
+        c = dt.type(a.softcap)
+        np.tanh(s / c, out=s)
+        s *= c
+    # The mask can only bite on two column ranges: the causal edge (p0, p1] and, under a
+    # window, the window edge [p0 - W + 1, p1 - W + 1). Everything else in [lo, hi) is
+    # visible to every row of the block.
+    p = np.arange(p0, p1 + 1)[:, None]
+    edges = [(max(lo, p0 + 1), hi)]
+    if W > 0:
+        edges.append((lo, min(hi, max(lo, p1 - W + 1))))
+    for c0, c1 in edges:
+        if c1 > c0:
+            j = np.arange(c0, c1)[None, :]
+            hidden = ~visible(p, j, W)
+            s[:, :, c0 - lo:c1 - lo][:, hidden] = -np.inf
+    m = s.max(axis=2)  # (G, R)
+    if sink is not None:
+        m = np.maximum(m, sink[:, None])
+    empty = np.isneginf(m)
+    m_safe = np.where(empty, 0, m)
+    s -= m_safe[:, :, None]
+    np.exp(s, out=s)
+    l = s.sum(axis=2)
+    if sink is not None:
+        l += np.exp(sink[:, None] - m_safe)
+    l_safe = np.where(l > 0, l, 1)
+    vb = vh[lo:hi]
+    o = (s.reshape(G * R, -1) @ vb).reshape(G, R, d) / l_safe[:, :, None]
+    o[empty] = 0
+    ob = None
+    if with_baseline:
+        p16 = s.astype(np.float16).astype(np.float64)
+        ob = (p16.reshape(G * R, -1) @ vb).reshape(G, R, d) / l_safe[:, :, None]
+        ob[empty] = 0
+        ob = ob.astype(np.float16).astype(np.float64)
+    return o, ob
