@@ -16,7 +16,7 @@ no visible key outputs 0.
 
 Every input element is a float and converts to an mpf exactly; all arithmetic (including the
 default 1/sqrt(d), tanh and exp) runs at ``dps`` >= 40 significant digits, so the only
-rounding that reaches the float64 result is the final conversion. Nothing is shared with
+rounding visible at float64 is the final conversion. Nothing is shared with
 `refattn.reference` except argument validation (`refattn.args`).
 """
 
@@ -49,24 +49,31 @@ def attention_mp(q, k, v, *, past_len, window=-1, sink=None, smooth_softmax=Fals
     if isinstance(dps, bool) or not isinstance(dps, int) or dps < MIN_DPS:
         raise ValueError(f"dps: expected an int >= {MIN_DPS} significant digits, got {dps!r}")
 
-    out = np.zeros((a.B, a.Sq, a.Hq, a.d), dtype=np.float64)
+    # Only the geometry is taken from the validated call; the options are read here, from
+    # the arguments themselves, so the oracle does not share the reference's resolution.
+    B, Sq, Hq, d, G, skv = a.B, a.Sq, a.Hq, a.d, a.G, a.skv
+    P, W = int(past_len), int(window)
+    out = np.zeros((B, Sq, Hq, d), dtype=np.float64)
     with mpmath.workdps(dps):
         mpf = mpmath.mpf
         to_mp = np.vectorize(lambda x: mpf(float(x)), otypes=[object])
         qm, km, vm = to_mp(q), to_mp(k), to_mp(v)  # exact: every float is an mpf
-        # Default scale 1/sqrt(d) is taken exactly, not from its float64 rounding.
-        sc = 1 / mpmath.sqrt(a.d) if scale is None else mpf(a.scale)
-        cap = mpf(a.softcap)
-        sigma = None if a.sink is None else [mpf(float(x)) for x in a.sink]  # -inf stays -inf
-        W = a.window
-        for b in range(a.B):
-            for i in range(a.Sq):
-                p = a.past_len + i
-                keys = [j for j in range(a.skv) if j <= p and (W < 0 or j >= p - W + 1)]
-                for h in range(a.Hq):
-                    kvh = h // a.G
-                    out[b, i, h] = _row(qm[b, i, h], km[b, kvh], vm[b, kvh], keys, sc, cap,
-                                        None if sigma is None else sigma[h], a.d)
+        # The default scale 1/sqrt(d) is taken exactly, not from its float64 rounding.
+        sc = 1 / mpmath.sqrt(d) if scale is None else mpf(float(scale))
+        cap = mpf(float(softcap))
+        if sink is not None:  # a given sink wins over smooth_softmax; -inf stays -inf
+            sigma = [mpf(float(x)) for x in sink]
+        elif smooth_softmax:
+            sigma = [mpf(0)] * Hq
+        else:
+            sigma = [None] * Hq
+        for b in range(B):
+            for i in range(Sq):
+                p = P + i
+                keys = [j for j in range(skv) if j <= p and (W < 0 or j >= p - W + 1)]
+                for h in range(Hq):
+                    out[b, i, h] = _row(qm[b, i, h], km[b, h // G], vm[b, h // G], keys, sc,
+                                        cap, sigma[h], d)
     return out
 
 

@@ -24,13 +24,18 @@ built: peak scratch is bounded by ``_SCRATCH_BYTES`` per block.
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from refattn.args import Attn, check_attention_args, check_dtype
 
 # Scratch budget for one block's score matrix (G x rows x keys). Sets the query block size.
-_SCRATCH_BYTES = 96 * 2**20
+_SCRATCH_BYTES = 8 * 2**20
 _MIN_ROWS, _MAX_ROWS = 16, 512
+_THREADS = max(1, min(8, os.cpu_count() or 1))
 
 
 def visible(p, j, window: int):
@@ -70,8 +75,12 @@ def attention_lowp(q, k, v, **kw) -> np.ndarray:
     return attention_with_baseline(q, k, v, **kw)[1]
 
 
-def _rows_per_block(G: int, n_keys: int, itemsize: int) -> int:
+def _rows_per_block(G: int, n_keys: int, itemsize: int, window: int) -> int:
     rows = _SCRATCH_BYTES // max(1, 2 * G * n_keys * itemsize)  # scores + one temporary
+    if window > 0:
+        # Under a window a block of R rows touches R + W - 1 keys for W useful ones per row:
+        # R ~ W keeps the waste at 2x while keeping the number of BLAS calls low.
+        rows = min(rows, max(64, window))
     return int(min(_MAX_ROWS, max(_MIN_ROWS, rows)))
 
 
@@ -79,51 +88,91 @@ def _attention(a: Attn, q, k, v, dt: np.dtype, with_baseline: bool):
     B, Sq, Hq, d, G = a.B, a.Sq, a.Hq, a.d, a.G
     W = a.window
     band = a.skv if W < 0 else min(a.skv, W + _MAX_ROWS)
-    rows = _rows_per_block(G, band, dt.itemsize)
+    rows = _rows_per_block(G, band, dt.itemsize, W)
     out = np.zeros((B, Sq, Hq, d), dtype=dt)
     base = np.zeros((B, Sq, Hq, d), dtype=np.float64) if with_baseline else None
     sink = None if a.sink is None else a.sink.astype(dt)
-    for b in range(B):
-        for h in range(a.Hkv):
-            heads = slice(h * G, (h + 1) * G)
-            qh = np.ascontiguousarray(q[b, :, heads, :].transpose(1, 0, 2), dtype=dt)  # (G, Sq, d)
-            kh = np.asarray(k[b, h], dtype=dt)  # (Skv, d)
-            vh = np.asarray(v[b, h], dtype=dt)
-            sg = None if sink is None else sink[heads]
-            for i0 in range(0, Sq, rows):
-                i1 = min(Sq, i0 + rows)
-                o, ob = _block(a, qh[:, i0:i1], kh, vh, sg, i0, i1, dt, with_baseline)
-                out[b, i0:i1, heads, :] = o.transpose(1, 0, 2)
-                if with_baseline:
-                    base[b, i0:i1, heads, :] = ob.transpose(1, 0, 2)
+    # Keys any row of the chunk can see: [k_lo, skv).
+    k_lo = 0 if W < 0 else max(0, a.past_len - W + 1)
+    blocks = [(i0, min(Sq, i0 + rows)) for i0 in range(0, Sq, rows)]
+
+    def head(b: int, h: int) -> None:
+        heads = slice(h * G, (h + 1) * G)
+        # scale folded into q: s = (scale q) . k, one pass fewer over the scores
+        qh = q[b, :, heads, :].transpose(1, 0, 2).astype(dt) * dt.type(a.scale)  # (G, Sq, d)
+        kh = np.asarray(k[b, h, k_lo:], dtype=dt)  # (skv - k_lo, d)
+        vh = np.asarray(v[b, h, k_lo:], dtype=dt)
+        sg = None if sink is None else sink[heads]
+        for i0, i1 in blocks:
+            o, ob = _block(a, qh[:, i0:i1], kh, vh, k_lo, sg, i0, i1, dt, with_baseline)
+            out[b, i0:i1, heads, :] = o.transpose(1, 0, 2)
+            if with_baseline:
+                base[b, i0:i1, heads, :] = ob.transpose(1, 0, 2)
+
+    jobs = [(b, h) for b in range(B) for h in range(a.Hkv)]
+    # NumPy's ufuncs and BLAS release the GIL: heads run in parallel on the available cores.
+    # BLAS is held to one thread meanwhile: its own threading on these mid-sized GEMMs costs
+    # more than it gains (measured 15x slower on a loaded 2-core machine).
+    workers = min(len(jobs), _THREADS)
+    with threadpool_limits(1, user_api="blas"):
+        if workers > 1:
+            with ThreadPoolExecutor(workers) as pool:
+                list(pool.map(lambda bh: head(*bh), jobs))
+        else:
+            for bh in jobs:
+                head(*bh)
     return out, base
 
 
-def _block(a: Attn, qb, kh, vh, sink, i0: int, i1: int, dt, with_baseline: bool):
-    """Rows [i0, i1) of the G heads in ``qb: (G, rows, d)`` against their key band."""
+def _mask_bias(p0: int, p1: int, c0: int, c1: int, W: int, dt) -> np.ndarray:
+    """Additive mask (0 or -inf), rows p0..p1 x keys c0..c1-1."""
+    p = np.arange(p0, p1 + 1)[:, None]
+    j = np.arange(c0, c1)[None, :]
+    return np.where(visible(p, j, W), dt.type(0), dt.type(-np.inf))
+
+
+def _pv(P, vb):
+    """P . V where a key a row cannot see (P = 0) never contributes, even if its value is
+    NaN or Inf (0 * NaN would be NaN). Only blocks whose V band holds non-finite values take
+    the slow path."""
+    G, R, n = P.shape
+    finite = np.isfinite(vb).all(axis=1)
+    if finite.all():
+        return (P.reshape(G * R, n) @ vb).reshape(G, R, -1)
+    o = (P.reshape(G * R, n) @ np.where(finite[:, None], vb, 0)).reshape(G, R, -1)
+    bad = np.flatnonzero(~finite)
+    pb = P[:, :, bad, None]  # (G, R, nbad, 1)
+    with np.errstate(invalid="ignore"):
+        o += np.where(pb > 0, pb * vb[bad], 0).sum(axis=2)
+    return o
+
+
+def _block(a: Attn, qb, kh, vh, k_lo: int, sink, i0: int, i1: int, dt, with_baseline: bool):
+    """Rows [i0, i1) of the G heads in ``qb: (G, rows, d)`` (already scaled) against their
+    key band. ``kh, vh`` hold keys [k_lo, skv)."""
     G, R, d = qb.shape
     W = a.window
     p0, p1 = a.past_len + i0, a.past_len + i1 - 1  # first and last absolute positions
     lo = 0 if W < 0 else max(0, p0 - W + 1)
     hi = p1 + 1
-    s = (qb.reshape(G * R, d) @ kh[lo:hi].T).reshape(G, R, hi - lo)
-    s *= dt.type(a.scale)
+    s = (qb.reshape(G * R, d) @ kh[lo - k_lo:hi - k_lo].T).reshape(G, R, hi - lo)
     if a.softcap > 0:
         c = dt.type(a.softcap)
-        np.tanh(s / c, out=s)
+        s /= c
+        np.tanh(s, out=s)
         s *= c
     # The mask can only bite on two column ranges: the causal edge (p0, p1] and, under a
     # window, the window edge [p0 - W + 1, p1 - W + 1). Everything else in [lo, hi) is
     # visible to every row of the block.
-    p = np.arange(p0, p1 + 1)[:, None]
     edges = [(max(lo, p0 + 1), hi)]
     if W > 0:
         edges.append((lo, min(hi, max(lo, p1 - W + 1))))
+    if len(edges) == 2 and edges[1][1] >= edges[0][0]:  # overlapping: one range
+        edges = [(lo, hi)]
     for c0, c1 in edges:
         if c1 > c0:
-            j = np.arange(c0, c1)[None, :]
-            hidden = ~visible(p, j, W)
-            s[:, :, c0 - lo:c1 - lo][:, hidden] = -np.inf
+            view = s[:, :, c0 - lo:c1 - lo]
+            view += _mask_bias(p0, p1, c0, c1, W, dt)
     m = s.max(axis=2)  # (G, R)
     if sink is not None:
         m = np.maximum(m, sink[:, None])
@@ -135,13 +184,13 @@ def _block(a: Attn, qb, kh, vh, sink, i0: int, i1: int, dt, with_baseline: bool)
     if sink is not None:
         l += np.exp(sink[:, None] - m_safe)
     l_safe = np.where(l > 0, l, 1)
-    vb = vh[lo:hi]
-    o = (s.reshape(G * R, -1) @ vb).reshape(G, R, d) / l_safe[:, :, None]
+    vb = vh[lo - k_lo:hi - k_lo]
+    o = _pv(s, vb) / l_safe[:, :, None]
     o[empty] = 0
     ob = None
     if with_baseline:
         p16 = s.astype(np.float16).astype(np.float64)
-        ob = (p16.reshape(G * R, -1) @ vb).reshape(G, R, d) / l_safe[:, :, None]
+        ob = _pv(p16, vb) / l_safe[:, :, None]
         ob[empty] = 0
         ob = ob.astype(np.float16).astype(np.float64)
     return o, ob

@@ -1,0 +1,243 @@
+"""Host API of the fused flash-prefill kernel: argument checks, the decline contract, config
+choice (autotune) and dispatch to a GPU backend.
+
+Two levels:
+
+* :func:`flash_prefill_v3` works on device buffers and returns 0 (computed) or -1 (declined).
+  :func:`flash_prefill_v2` is the pre-sink signature: v3 with no sink and no window.
+* :func:`attention` takes NumPy arrays shaped like ``refattn.attention`` and returns
+  ``(status, out)``.
+
+The contract (DESIGN §3): the decline decision is made here, on the host, before any device
+call, so it is testable without a GPU. A decline launches nothing and leaves ``out``
+byte-identical. It declines what the kernel does not implement: a head dim outside
+``HEAD_DIMS``, ``softcap > 0``, a dtype other than fp16. Invalid arguments are not declines:
+they raise ``ValueError`` naming the argument.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import math
+import numbers
+import re
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from hipkernel.autotune import TUNER, tune_key
+from hipkernel.config import DEFAULT, HEAD_DIMS, KernelConfig
+from refattn.args import check_attention_args
+from refattn.mutants import by_name as _mutant_by_name
+
+KERNEL_DIR = Path(__file__).parent / "kernels"
+KERNEL_FILE = KERNEL_DIR / "gqa_flash_prefill.hip"
+KERNEL_NAME = "gqa_flash_prefill"
+SUPPORTED_DTYPES = ("fp16",)
+_SINK_MODES = {"none": 0, "per_head": 1, "smooth": 2}
+
+
+# --------------------------------------------------------------------------- source
+
+@lru_cache(maxsize=1)
+def kernel_source() -> str:
+    """The kernel as one translation unit: ``#include "x.h"`` of files beside it are inlined,
+    so every compiler (NVRTC, hiprtc, clang) sees the same text and needs no include path."""
+
+    def inline(path: Path, seen: set) -> str:
+        out = []
+        for line in path.read_text().splitlines():
+            m = re.match(r'\s*#\s*include\s+"([^"]+)"', line)
+            if m:
+                dep = (path.parent / m.group(1)).resolve()
+                if dep not in seen:
+                    seen.add(dep)
+                    out.append(f"// ---- begin {m.group(1)} ----")
+                    out.append(inline(dep, seen))
+                    out.append(f"// ---- end {m.group(1)} ----")
+                continue
+            out.append(line)
+        return "\n".join(out)
+
+    return inline(KERNEL_FILE, {KERNEL_FILE.resolve()}) + "\n"
+
+
+def source_hash() -> str:
+    """sha256 of the kernel source as compiled (kernel file with its headers inlined). GPU
+    records in reports/gpu/ carry it; CI compares it with the current tree."""
+    return hashlib.sha256(kernel_source().encode()).hexdigest()
+
+
+def kernel_defines(d: int, config: KernelConfig, mutants=frozenset()) -> dict:
+    defines = dict(config.defines(d))
+    for name in sorted(mutants):
+        defines[_mutant_by_name(name).macro] = 1
+    return defines
+
+
+# --------------------------------------------------------------------------- contract
+
+def decline_reason(*, d: int, softcap: float = 0.0, dtype: str = "fp16") -> str | None:
+    """Why the kernel declines this call, or None when it implements it."""
+    if d not in HEAD_DIMS:
+        return f"head dim {d} not compiled (have {HEAD_DIMS})"
+    if softcap and softcap > 0:
+        return "softcap is not implemented"
+    if dtype not in SUPPORTED_DTYPES:
+        return f"dtype {dtype} is not implemented (have {SUPPORTED_DTYPES})"
+    return None
+
+
+def _dtype_name(a: np.ndarray) -> str:
+    return {np.dtype(np.float16): "fp16", np.dtype(np.float32): "fp32",
+            np.dtype(np.float64): "fp64"}.get(a.dtype, str(a.dtype))
+
+
+def _check_int(name: str, x, lo: int) -> int:
+    if not isinstance(x, numbers.Integral) or isinstance(x, bool) or x < lo:
+        raise ValueError(f"{name}: expected an int >= {lo}, got {x!r}")
+    return int(x)
+
+
+def _check_config(config) -> KernelConfig | None:
+    if config is None or isinstance(config, KernelConfig):
+        return config
+    if isinstance(config, dict):
+        unknown = set(config) - {"m_tiles", "bkv"}
+        if unknown:
+            raise ValueError(f"config: unknown keys {sorted(unknown)} (known: m_tiles, bkv)")
+        return KernelConfig(config.get("m_tiles", DEFAULT.m_tiles), config.get("bkv", DEFAULT.bkv))
+    raise ValueError(f"config: expected a KernelConfig, a dict or None, got {config!r}")
+
+
+# --------------------------------------------------------------------------- device level
+
+def flash_prefill_v3(backend, q, k, v, sink, out, *, B: int, Sq: int, Hq: int, Hkv: int, d: int,
+                     S_cap: int, past_len: int, window: int = -1, sink_mode: str = "none",
+                     scale: float | None = None, softcap: float = 0.0, dtype: str = "fp16",
+                     config: KernelConfig | dict | None = None, mutants=frozenset()) -> int:
+    """Fused GQA flash prefill on device buffers (``q (B,Sq,Hq,d)``, ``k, v (B,Hkv,S_cap,d)``,
+    ``sink (Hq,)`` fp16 or 0, ``out (B,Sq,Hq,d)``). Returns 0, or -1 when it declines, in
+    which case nothing is launched and ``out`` is untouched."""
+    B, Sq, Hq, Hkv, d = (_check_int(n, x, 1) for n, x in
+                         (("B", B), ("Sq", Sq), ("Hq", Hq), ("Hkv", Hkv), ("d", d)))
+    past_len = _check_int("past_len", past_len, 0)
+    S_cap = _check_int("S_cap", S_cap, 1)
+    if Hq % Hkv:
+        raise ValueError(f"Hkv: Hq={Hq} is not a multiple of Hkv={Hkv}")
+    if S_cap < past_len + Sq:
+        raise ValueError(f"S_cap: cache capacity {S_cap} < past_len + Sq = {past_len + Sq}")
+    if not isinstance(window, numbers.Integral) or window == 0 or window < -1:
+        raise ValueError(f"window: expected -1 (no window) or W >= 1, got {window!r}")
+    if sink_mode not in _SINK_MODES:
+        raise ValueError(f"sink_mode: expected one of {sorted(_SINK_MODES)}, got {sink_mode!r}")
+    if sink_mode == "per_head" and not sink:
+        raise ValueError("sink: a device buffer is required when sink_mode='per_head'")
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    if not isinstance(scale, numbers.Real) or not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale: expected a finite float > 0, got {scale!r}")
+    if not isinstance(softcap, numbers.Real) or not math.isfinite(softcap) or softcap < 0:
+        raise ValueError(f"softcap: expected a finite float >= 0, got {softcap!r}")
+    for name, ptr in (("q", q), ("k", k), ("v", v), ("out", out)) + ((("sink", sink),) if sink else ()):
+        if int(ptr) % 16:  # every global access of the kernel is 16 bytes wide
+            raise ValueError(f"{name}: device pointer {int(ptr):#x} is not 16-byte aligned")
+    config = _check_config(config)
+    mutants = frozenset(mutants)
+    for name in mutants:
+        _mutant_by_name(name)
+
+    if decline_reason(d=d, softcap=softcap, dtype=dtype) is not None:
+        return -1  # decided before any device call: nothing launched, out untouched
+
+    G = Hq // Hkv
+
+    def launch(cfg: KernelConfig, mode: int) -> None:
+        kern = backend.compile(kernel_source(), kernel_defines(d, cfg, mutants), KERNEL_NAME)
+        args = [
+            (ctypes.c_void_p, q), (ctypes.c_void_p, k), (ctypes.c_void_p, v),
+            (ctypes.c_void_p, sink if mode == 1 else 0), (ctypes.c_void_p, out),
+            (ctypes.c_int32, Sq), (ctypes.c_int32, Hq), (ctypes.c_int32, Hkv),
+            (ctypes.c_int32, S_cap), (ctypes.c_int32, past_len), (ctypes.c_int32, window),
+            (ctypes.c_int32, mode), (ctypes.c_float, scale),
+        ]
+        backend.launch(kern, cfg.grid(Sq, Hq, B), (cfg.threads, 1, 1), args)
+
+    if config is None:
+        key = tune_key(d=d, sq=Sq, Hq=Hq, G=G, window=window, dtype=dtype, arch=backend.arch)
+        # Tuning launches omit the sink: one FMA per row cannot reorder the candidates, and
+        # leaving it out keeps tuned configs comparable with the no-sink case.
+        config = TUNER.choose(key, lambda cfg: backend.time_ms(lambda: launch(cfg, 0)))
+    launch(config, _SINK_MODES[sink_mode])
+    backend.synchronize()
+    return 0
+
+
+def flash_prefill_v2(backend, q, k, v, out, *, B, Sq, Hq, Hkv, d, S_cap, past_len,
+                     scale=None, dtype="fp16", config=None) -> int:
+    """The pre-sink entry point: v3 with no sink and no window."""
+    return flash_prefill_v3(backend, q, k, v, 0, out, B=B, Sq=Sq, Hq=Hq, Hkv=Hkv, d=d,
+                            S_cap=S_cap, past_len=past_len, window=-1, sink_mode="none",
+                            scale=scale, dtype=dtype, config=config)
+
+
+# --------------------------------------------------------------------------- NumPy level
+
+def _check_buffer(name: str, a) -> None:
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{name}: expected a C-contiguous array (use numpy.ascontiguousarray), "
+                         f"got strides {a.strides}")
+
+
+def attention(q, k, v, *, past_len, window=-1, sink=None, smooth_softmax=False, softcap=0.0,
+              scale=None, out=None, config=None, backend=None, mutants=frozenset()):
+    """The fused kernel on NumPy arrays: ``q (B,Sq,Hq,d)`` fp16, ``k, v (B,Hkv,S_cap,d)`` fp16
+    with ``S_cap >= past_len + Sq`` (a cache with spare capacity is fine; keys past
+    ``past_len + Sq`` are never read), ``sink (Hq,)`` or None. Returns ``(status, out)``:
+    ``(0, out)`` with ``out (B,Sq,Hq,d)`` fp16, or ``(-1, out)`` when declined, ``out``
+    untouched (None if none was given). ``backend``: a backend object or name ("cuda",
+    "hip"); default: the first that works. ``mutants`` is for the kill matrix only."""
+    a = check_attention_args(q, k, v, past_len=past_len, window=window, sink=sink,
+                             smooth_softmax=smooth_softmax, softcap=softcap, scale=scale,
+                             allow_cache_capacity=True)
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _check_buffer(name, x)
+    if out is not None:
+        if not isinstance(out, np.ndarray) or out.shape != q.shape or out.dtype != np.float16:
+            raise ValueError(f"out: expected a float16 array of shape {q.shape}, got "
+                             f"{getattr(out, 'dtype', type(out).__name__)} {getattr(out, 'shape', '')}")
+        _check_buffer("out", out)
+        if not out.flags.writeable:
+            raise ValueError("out: expected a writeable array")
+    config = _check_config(config)
+    dtypes = {_dtype_name(x) for x in (q, k, v)}
+    dtype = dtypes.pop() if len(dtypes) == 1 else "mixed"
+    if decline_reason(d=a.d, softcap=a.softcap, dtype=dtype) is not None:
+        return -1, out
+
+    from hipkernel.backends import get_backend  # GPU imports only once a launch is needed
+
+    be = backend if backend is not None and not isinstance(backend, str) else get_backend(backend)
+    S_cap = k.shape[2]
+    sink16 = None if a.sink_mode != "per_head" else np.asarray(sink, dtype=np.float16)
+    bufs = {}
+    try:
+        for name, arr in (("q", q), ("k", k), ("v", v), ("sink", sink16)):
+            if arr is not None:
+                bufs[name] = be.alloc(arr.nbytes)
+                be.htod(bufs[name], arr)
+        bufs["out"] = be.alloc(q.nbytes)
+        status = flash_prefill_v3(
+            be, bufs["q"], bufs["k"], bufs["v"], bufs.get("sink", 0), bufs["out"],
+            B=a.B, Sq=a.Sq, Hq=a.Hq, Hkv=a.Hkv, d=a.d, S_cap=S_cap, past_len=a.past_len,
+            window=a.window, sink_mode=a.sink_mode, scale=a.scale, softcap=a.softcap,
+            dtype=dtype, config=config, mutants=mutants)
+        if status != 0:
+            return status, out
+        result = out if out is not None else np.empty(q.shape, dtype=np.float16)
+        be.dtoh(result, bufs["out"])
+        return status, result
+    finally:
+        for ptr in bufs.values():
+            be.free(ptr)

@@ -1,0 +1,92 @@
+"""Autotuning of the kernel's compile-time tile config (``M_TILES``, ``BKV``).
+
+The first call for a key sweeps every candidate and keeps the fastest; later calls with the
+same key reuse the winner.
+
+Key = (d, sq, Hq, G, window, dtype, arch). ``skv``/``past_len`` are deliberately NOT in
+the key: they only lengthen the KV loop, uniformly across candidates, so they cannot change
+which candidate wins. Keying on them made a chunked 16k prefill (32 chunks of 512) run 32
+sweeps in the seed PR; keyed this way it runs one, at the first and cheapest chunk. The
+window IS in the key: it caps the number of KV tiles a block walks, a different work profile
+that can change the winner.
+
+Environment:
+    HIPKERNEL_TUNE=0         no sweep; every key gets ``config.DEFAULT`` (deterministic runs)
+    HIPKERNEL_TUNE_DEBUG=1   log each candidate's median time to stderr
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+from collections.abc import Callable, Iterable
+
+from hipkernel.config import CANDIDATES, DEFAULT, KernelConfig
+
+
+def tune_key(*, d: int, sq: int, Hq: int, G: int, window: int, dtype: str, arch: str) -> tuple:
+    """The config-cache key. No skv / past_len (see the module docstring)."""
+    return (int(d), int(sq), int(Hq), int(G), int(window), str(dtype), str(arch))
+
+
+class Autotuner:
+    """A per-process config cache with a sweep on miss.
+
+    ``measure(config)`` launches the kernel with ``config`` and returns its times in ms (a
+    float or a list; the median is used). It is supplied by the caller, so tests inject a
+    fake one and the API supplies a device-event timer.
+    """
+
+    def __init__(self, candidates: Iterable[KernelConfig] = CANDIDATES,
+                 default: KernelConfig = DEFAULT, log: Callable[[str], None] | None = None):
+        self.candidates = tuple(candidates)
+        if not self.candidates:
+            raise ValueError("candidates: expected at least one KernelConfig")
+        self.default = default
+        self.cache: dict[tuple, KernelConfig] = {}
+        self.timings: dict[tuple, dict[str, float]] = {}
+        self.sweeps = 0
+        self._log = log or (lambda msg: print(msg, file=sys.stderr))
+
+    @staticmethod
+    def enabled() -> bool:
+        return os.environ.get("HIPKERNEL_TUNE", "1") != "0"
+
+    @staticmethod
+    def debug() -> bool:
+        return os.environ.get("HIPKERNEL_TUNE_DEBUG", "0") not in ("", "0")
+
+    def choose(self, key: tuple, measure: Callable[[KernelConfig], float | list]) -> KernelConfig:
+        if not self.enabled():
+            return self.default
+        hit = self.cache.get(key)
+        if hit is not None:
+            return hit
+        self.sweeps += 1
+        times = {}
+        for cfg in self.candidates:
+            t = measure(cfg)
+            times[cfg.name] = float(statistics.median(t) if isinstance(t, (list, tuple)) else t)
+            if self.debug():
+                self._log(f"hipkernel tune {key}: {cfg.name} {times[cfg.name]:.4f} ms")
+        best = min(self.candidates, key=lambda c: times[c.name])
+        if self.debug():
+            self._log(f"hipkernel tune {key}: chose {best.name}")
+        self.cache[key] = best
+        self.timings[key] = times
+        return best
+
+    def choices(self) -> list[dict]:
+        """What was chosen per key (recorded in GPU reports)."""
+        names = ("d", "sq", "Hq", "G", "window", "dtype", "arch")
+        return [dict(zip(names, key), config=cfg.name, times_ms=self.timings.get(key, {}))
+                for key, cfg in self.cache.items()]
+
+    def clear(self) -> None:
+        self.cache.clear()
+        self.timings.clear()
+        self.sweeps = 0
+
+
+TUNER = Autotuner()

@@ -1,0 +1,142 @@
+"""One GPU session: everything the committed GPU records need, in one process.
+
+    PYTHONPATH=. python -m hipkernel.gpu_session --out DIR [--only matrix,mutants,measure]
+
+Sections (each writes its record to DIR as soon as it finishes, so a later failure or a
+time-out loses nothing):
+
+* ``matrix``  -> ``h200.json``: the case matrix (seed, extended, contracts) on the kernel,
+  per-case outcome, relL2, max-abs, time, and the autotune choices made.
+* ``mutants`` -> ``mutants-h200.json``: the GPU kill matrix (each mutant compiled in with its
+  ``-D`` macro), with ``HIPKERNEL_TUNE=0`` so every mutant runs the same configs.
+* ``measure`` -> ``measure-h200.json``: per-call device time of window=128 at past_len 512,
+  8192 and 15872 (should be flat), full attention at 512@8192, and cold vs warm wall time
+  of a chunked 16k prefill (32 chunks of 512) through ``hipkernel.attention``.
+
+Records carry the kernel source hash (``hipkernel.record``); copy them to reports/gpu/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from hipkernel import record
+from hipkernel.autotune import TUNER
+from hipkernel.backends import get_backend
+
+GPTOSS = dict(B=1, Hq=64, Hkv=8, d=64)
+
+
+def _write(out: Path, name: str, rec: dict) -> None:
+    (out / name).write_text(json.dumps(rec, indent=2, allow_nan=False) + "\n")
+    print(f"wrote {out / name}: ok={rec['ok']}", flush=True)
+
+
+def _progress(i, n, case, result):
+    if result is not None:
+        rel = "-" if result.rel_l2 is None else f"{result.rel_l2:.2e}"
+        print(f"  [{i + 1}/{n}] {result.outcome:<10} {case.name:<40} relL2 {rel}", flush=True)
+
+
+def section_matrix(be, out: Path, suites) -> None:
+    from refattn.cases import load_suites
+    from refattn.kernels import get_kernel
+    from refattn.runner import run_matrix
+
+    kernel = get_kernel("hipkernel:" + be.name)
+    cases = load_suites(suites)
+    m = run_matrix(kernel, cases, progress=_progress)
+    doc = m.to_json()
+    body = {"backend": be.name, "arch": be.arch, "suites": suites,
+            "results": doc["results"], "autotune": TUNER.choices(), "elapsed_s": doc.get("elapsed_s")}
+    _write(out, "h200.json", record.stamp("matrix", be.device_name, body, m.ok))
+
+
+def section_mutants(be, out: Path, suites) -> None:
+    from refattn.cases import load_suites
+    from refattn.kernels import get_kernel
+    from refattn.killmatrix import format_grid, run_kill_matrix
+
+    os.environ["HIPKERNEL_TUNE"] = "0"
+    try:
+        km = run_kill_matrix(lambda mutants: get_kernel("hipkernel:" + be.name, mutants=mutants),
+                             load_suites(suites))
+    finally:
+        os.environ.pop("HIPKERNEL_TUNE", None)
+    print(format_grid(km), flush=True)
+    body = {"backend": be.name, "arch": be.arch, "suites": suites, **km.to_json()}
+    _write(out, "mutants-h200.json", record.stamp("mutants", be.device_name, body, km.ok))
+
+
+def section_measure(be, out: Path) -> None:
+    from hipkernel.timing import Resident, chunked_prefill_wall, flops
+
+    rows = []
+    for past, window in [(512, 128), (8192, 128), (15872, 128), (8192, -1), (15872, -1)]:
+        r = Resident(be, Sq=512, past_len=past, **GPTOSS)
+        try:
+            ms = r.time_ms(window=window)
+        finally:
+            r.free()
+        f = flops(1, 512, 64, 64, past, window)
+        rows.append({"sq": 512, "past_len": past, "window": window, "sink": "per_head",
+                     "ms": ms, "tflops": f / ms / 1e9})
+        print(f"  512@{past} window {window}: {ms:.4f} ms, {f / ms / 1e9:.1f} TF/s", flush=True)
+    w = [r["ms"] for r in rows if r["window"] == 128]
+    flat = max(w) <= 1.10 * min(w)
+    TUNER.clear()
+    cold = chunked_prefill_wall(be)
+    warm = chunked_prefill_wall(be)
+    print(f"  chunked 16k prefill (32 x 512): cold {cold:.3f} s, warm {warm:.3f} s, "
+          f"ratio {cold / warm:.2f}, sweeps {TUNER.sweeps}", flush=True)
+    body = {"backend": be.name, "arch": be.arch, "geometry": GPTOSS, "per_call": rows,
+            "window128_flat_within_10pct": flat, "window128_spread": max(w) / min(w),
+            "chunked_16k": {"cold_s": cold, "warm_s": warm, "cold_over_warm": cold / warm,
+                            "sweeps": TUNER.sweeps, "note": "modules already compiled; cold "
+                            "includes the autotune sweep (one per key)"}}
+    _write(out, "measure-h200.json", record.stamp("measure", be.device_name, body, True))
+
+
+SECTIONS = ("matrix", "mutants", "measure")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m hipkernel.gpu_session", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True, help="directory for the records")
+    ap.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections")
+    ap.add_argument("--backend", default=None, help="cuda or hip (default: first that works)")
+    ap.add_argument("--suites", default="seed,extended,contracts")
+    ap.add_argument("--mutant-suites", default="seed,extended")
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    be = get_backend(args.backend)
+    print(f"backend {be.name} on {be.device_name} ({be.arch})", flush=True)
+    failed = []
+    for name in args.only.split(","):
+        t0 = time.perf_counter()
+        print(f"== {name}", flush=True)
+        try:
+            if name == "matrix":
+                section_matrix(be, args.out, args.suites.split(","))
+            elif name == "mutants":
+                section_mutants(be, args.out, args.mutant_suites.split(","))
+            elif name == "measure":
+                section_measure(be, args.out)
+            else:
+                raise ValueError(f"--only: unknown section {name!r} (have {SECTIONS})")
+        except Exception:  # noqa: BLE001 - report and go on with the next section
+            traceback.print_exc()
+            failed.append(name)
+        print(f"== {name} done in {time.perf_counter() - t0:.1f} s", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,267 @@
+"""NumPy model of the fused kernel: the executable spec that gqa_flash_prefill.hip follows
+line by line, with the same tiles, start-tile clamp, masks, NaN guard and sink epilogue.
+CI runs it on the CPU; the mutants of ``refattn.mutants`` are flags of it.
+
+Geometry (``hipkernel.config``). Block (qt, h, b) owns query rows i in
+[qt*BM, min(Sq, (qt+1)*BM)), BM = 16*M_TILES, of query head h, and reads KV head
+kvh = h // G, G = Hq // Hkv. skv = past_len + Sq keys exist; the cache may be longer
+(S_cap >= skv), and what lies past skv is never meant to be read (tests fill it with NaN).
+Row i sits at absolute position p = past_len + i; p_first, p_last are the Q tile's first
+and last rows' positions.
+
+KV range and start-tile clamp:
+
+    kv_end   = p_last + 1                                       (exclusive)
+    kv_start = max(0, p_first - W + 1) if W > 0 else 0
+    t0       = kv_start // BKV
+
+The clamp uses the tile's FIRST row: the rows' window lower bounds p - W + 1 are
+non-decreasing, so a start that covers the first row covers them all. This is what makes a
+window cheaper rather than merely masked.
+
+KV tiles t = t0 .. ceil(kv_end / BKV) - 1, keys j in [t*BKV, t*BKV + BKV):
+
+  load    K and V tiles; keys j >= skv and keys j < kv_start are ZERO-FILLED. No row may
+          see them, but P.V is a plain product-sum over the whole tile (as a matrix core
+          would do it), where p = 0 times a NaN from storage would still be NaN.
+  scores  in exp2 space: s2_j = (scale * log2 e) * dot(q_i, k_j), fp32.
+  mask    visible(p, j) = j <= p and (W < 0 or j >= p - W + 1)   (W keys, self included);
+          invisible keys get s2_j = -inf, hence p_j = 0 (a select in the kernel; here
+          exp2(-inf - finite) = 0 exactly).
+  update  (online softmax, per row, fp32)
+          m_new = max(m, max_j s2_j)
+          NaN guard: if m_new == -inf the row has seen nothing so far and sees nothing in
+          this tile: leave (m, l, acc) untouched (exp2(-inf - -inf) would be NaN). Else
+          alpha = exp2(m - m_new)                (0 when m = -inf)
+          p_j   = exp2(s2_j - m_new)
+          l     = l * alpha + sum_j p_j
+          acc   = acc * alpha + sum_j p_j * v_j
+          m     = m_new
+
+Epilogue, with the sink folded in once, in exp2 space. sink_mode 1 (per head):
+sigma = sink[h] (fp16, natural-log units, neither scaled nor softcapped); 2 (smooth):
+sigma = 0; 0: no sink term.
+
+    sig2  = sigma * log2 e
+    m_fin = max(m, sig2)                            (the max covers the sink: no overflow)
+    f     = exp2(m - m_fin), or 0 when m = -inf     (a row that saw nothing: acc = l = 0)
+    acc   = acc * f
+    l     = l * f + exp2(sig2 - m_fin), the term 0 when sig2 = -inf
+    out   = acc / l, or 0 when l == 0                -> rounded to fp16
+
+(``l == 0``, not ``l > 0``: l is never negative, and a NaN in l must reach the output
+rather than be laundered into a zero.)
+
+Inputs are fp16, arithmetic is fp32 (``np.float32`` throughout, exp2 in fp32), the output
+is fp16. The kernel's dot products and sums run in a different order than NumPy's, so the
+two agree to fp32 rounding, not bitwise.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from hipkernel.config import DEFAULT, HEAD_DIMS, KernelConfig
+from refattn.args import check_attention_args
+from refattn.mutants import MUTANTS
+
+LOG2E = np.float32(1.4426950408889634)  # exp(x) = exp2(x * LOG2E)
+_NEG_INF = np.float32(-np.inf)
+_F32 = np.float32
+_MUTANT_NAMES = frozenset(m.name for m in MUTANTS)
+_CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+_N_WORKERS = max(1, min(4, _CPUS))  # threads over Q tiles (see _run)
+_SINK_MODE = {"none": 0, "per_head": 1, "smooth": 2}  # the kernel's sink_mode argument
+
+
+def visible(p, j, window: int, *, off_by_one: bool = False):
+    """Key ``j`` is visible from absolute query position ``p`` (broadcasting arrays):
+    ``j <= p`` and, under a window of ``W`` keys, ``j >= p - W + 1``. ``off_by_one`` is the
+    ``window_mask_off_by_one`` mutant: ``j >= p - W`` (W + 1 keys)."""
+    causal = j <= p
+    if window < 0:
+        return causal
+    return causal & (j >= p - window + (0 if off_by_one else 1))
+
+
+def attention(q, k, v, *, past_len, window=-1, sink=None, smooth_softmax=False, softcap=0.0,
+              scale=None, config: KernelConfig = DEFAULT, mutants: Iterable[str] = frozenset()
+              ) -> np.ndarray:
+    """The fused kernel's output, computed on the CPU by its own tiled algorithm.
+
+    ``q: (B, Sq, Hq, d)``, ``k, v: (B, Hkv, S_cap, d)`` with ``S_cap >= past_len + Sq``
+    (keys past ``skv`` are never read), ``sink: (Hq,)`` or None; all float16. Returns
+    ``(B, Sq, Hq, d)`` float16. ``config`` picks the tiles (BM = 16 * m_tiles, BKV = bkv);
+    ``mutants`` names bugs from ``refattn.mutants`` to switch on.
+    """
+    a = check_attention_args(q, k, v, past_len=past_len, window=window, sink=sink,
+                             smooth_softmax=smooth_softmax, softcap=softcap, scale=scale,
+                             allow_cache_capacity=True)
+    for name, x in (("q", q), ("k", k), ("v", v), ("sink", sink)):
+        if x is not None and x.dtype != np.float16:
+            raise ValueError(f"{name}: the fused kernel takes float16, got {x.dtype}")
+    if a.softcap > 0:
+        raise ValueError(f"softcap: the fused kernel does not implement softcap, got {a.softcap}")
+    if a.d not in HEAD_DIMS:
+        raise ValueError(f"q: head dim {a.d} is not compiled; the kernel has d in {HEAD_DIMS}")
+    if not isinstance(config, KernelConfig):
+        raise ValueError(f"config: expected a hipkernel.config.KernelConfig, got {config!r}")
+    mut = _check_mutants(mutants)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        return _run(a, q, k, v, sink, config, mut)
+
+
+def _check_mutants(mutants) -> frozenset[str]:
+    if isinstance(mutants, str) or not isinstance(mutants, Iterable):
+        raise ValueError(f"mutants: expected a set of mutant names, got {mutants!r}")
+    try:
+        mut = frozenset(mutants)
+    except TypeError:
+        raise ValueError(f"mutants: expected a set of mutant names, got {mutants!r}") from None
+    unknown = sorted(str(m) for m in mut - _MUTANT_NAMES)
+    if unknown:
+        raise ValueError(f"mutants: unknown {', '.join(unknown)}; known: {', '.join(sorted(_MUTANT_NAMES))}")
+    return mut
+
+
+def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str]) -> np.ndarray:
+    B, Sq, Hq, Hkv, d, G = a.B, a.Sq, a.Hq, a.Hkv, a.d, a.G
+    BM, BKV = config.block_rows, config.bkv
+    S_cap, skv, W = k.shape[2], a.skv, a.window
+    past = 0 if "past_len_ignored" in mut else a.past_len  # p = i: top-left alignment
+    c2 = _F32(a.scale) * LOG2E  # the kernel gets scale as a float and multiplies in fp32
+
+    # GQA: query head h reads KV head kvh(h). Order the query heads by KV head so that one
+    # batched GEMM serves all (b, kvh, g): qg is (B, Hkv, G, Sq, d).
+    heads = np.arange(Hq)
+    kvh = heads % Hkv if "gqa_modulo" in mut else heads // G
+    order = np.argsort(kvh, kind="stable")
+    qg = q[:, :, order, :].astype(_F32).transpose(0, 2, 1, 3).reshape(B, Hkv, G, Sq, d)
+    # Keys that any tile can load: all of [0, skv), and under tail_unmasked the raw rest of
+    # the last tile (within the cache).
+    n_load = min(S_cap, -(-skv // BKV) * BKV)
+    k32 = k[:, :, :n_load].astype(_F32)
+    v32 = v[:, :, :n_load].astype(_F32)
+    load_hi = n_load if "tail_unmasked" in mut else skv  # keys at j >= load_hi read as 0
+
+    # Sink, per query head in group order: (Hkv, G, 1) so it broadcasts over (B, ., ., rows).
+    mode = _SINK_MODE[a.sink_mode]
+    has_sink = "sink_ignored" not in mut and (
+        mode == 1 or (mode == 2 and "smooth_ignored" not in mut))
+    sig2 = None
+    if has_sink:
+        sigma = sink.astype(_F32) if mode == 1 else np.zeros(Hq, _F32)
+        sig2 = sigma if "sink_no_log2e" in mut else sigma * LOG2E
+        sig2 = sig2[order].reshape(Hkv, G, 1)
+
+    out = np.empty((B, Hkv, G, Sq, d), _F32)
+
+    def q_tile(i0: int) -> None:  # one Q tile of every (b, h): rows [i0, i1)
+        i1 = min(Sq, i0 + BM)
+        p_first, p_last = past + i0, past + i1 - 1
+        p_rows = np.arange(p_first, p_last + 1)[:, None]  # (R, 1)
+        kv_end = p_last + 1
+        kv_start = max(0, p_first - W + 1) if W > 0 else 0
+        t0 = kv_start // BKV  # from the FIRST row: later rows' lower bounds are higher
+        if "clamp_from_last_row" in mut and W > 0:
+            t0 = max(0, p_last - W + 1) // BKV
+        if "clamp_plus_one_tile" in mut:
+            t0 += 1
+        t_end = -(-kv_end // BKV)
+
+        qb = qg[:, :, :, i0:i1]  # (B, Hkv, G, R, d)
+        R = i1 - i0
+        m = np.full((B, Hkv, G, R), _NEG_INF, _F32)
+        l = np.zeros((B, Hkv, G, R), _F32)
+        acc = np.zeros((B, Hkv, G, R, d), _F32)
+        for t in range(t0, t_end):
+            j0 = t * BKV
+            kt = _load_tile(k32, j0, BKV, kv_start, load_hi)  # (B, Hkv, BKV, d)
+            vt = _load_tile(v32, j0, BKV, kv_start, load_hi)
+            # scores in exp2 space, masked by the one predicate
+            s = _matmul(qb, kt.swapaxes(-1, -2)[:, :, None])  # (B, Hkv, G, R, BKV)
+            s *= c2
+            vis = visible(p_rows, np.arange(j0, j0 + BKV)[None, :], W,
+                          off_by_one="window_mask_off_by_one" in mut)
+            if not vis.all():
+                s[..., ~vis] = _NEG_INF
+            # online softmax with the NaN guard
+            m_new = np.maximum(m, s.max(axis=-1))
+            guard = None if "no_nan_guard" in mut else np.isneginf(m_new)
+            if guard is not None and guard.any():
+                m_ref = np.where(guard, _F32(0), m_new)  # any finite value: those rows are restored
+            else:
+                guard, m_ref = None, m_new
+            alpha = np.exp2(m - m_ref)  # exp2(-inf) = 0 when the row had seen nothing
+            s -= m_ref[..., None]
+            np.exp2(s, out=s)  # p_j; invisible keys: exp2(-inf) = 0
+            l_new = l * alpha + s.sum(axis=-1)
+            acc_new = acc * alpha[..., None] + _matmul(s, vt[:, :, None])
+            if "sink_per_tile" in mut and has_sink:
+                l_new += np.exp2(sig2 - m_ref)  # split-KV bug: one sink term per tile
+            if guard is None:
+                m, l, acc = m_new, l_new, acc_new
+            else:  # rows that saw nothing keep their state
+                m = np.where(guard, m, m_new)
+                l = np.where(guard, l, l_new)
+                acc = np.where(guard[..., None], acc, acc_new)
+
+        # epilogue: fold the sink into the denominator, once per row
+        if has_sink:
+            m_fin = m if "sink_max_skipped" in mut else np.maximum(m, sig2)
+            f = np.where(np.isneginf(m), _F32(0), np.exp2(m - m_fin))
+            acc = acc * f[..., None]
+            l = l * f
+            if "sink_per_tile" not in mut:
+                shift = _F32(0) if "sink_unshifted" in mut else m_fin
+                l = l + np.where(np.isneginf(sig2), _F32(0), np.exp2(sig2 - shift))
+        l_div = np.where(l == 0, _F32(1), l)
+        out[:, :, :, i0:i1] = np.where((l == 0)[..., None], _F32(0), acc / l_div[..., None])
+
+    # Q tiles are independent (as the kernel's blocks are) and NumPy releases the GIL in
+    # ufuncs and GEMMs, so they run on a few threads; each writes only its own rows.
+    starts = range(0, Sq, BM)
+    workers = min(len(starts), _N_WORKERS)
+    if workers <= 1:
+        for i0 in starts:
+            q_tile(i0)
+    else:
+        with ThreadPoolExecutor(workers) as pool:
+            for _ in pool.map(q_tile, starts):
+                pass
+
+    result = np.empty((B, Sq, Hq, d), np.float16)
+    result[:, :, order, :] = out.reshape(B, Hq, Sq, d).transpose(0, 2, 1, 3)
+    return result
+
+
+# OpenBLAS runs a GEMM of at most 4 * 65536 multiply-adds (M*N*K) on one thread; above
+# that it spawns threads, which on a busy 2-core CI machine thrash (measured: 100x slower).
+_GEMM_MNK_SINGLE_THREAD = 4 * 65536
+
+
+def _matmul(x, y):
+    """``x @ y`` over stacked 2-D blocks, rows split so each GEMM stays single-threaded."""
+    rows, inner, cols = x.shape[-2], x.shape[-1], y.shape[-1]
+    step = max(1, _GEMM_MNK_SINGLE_THREAD // (inner * cols))
+    if rows <= step:
+        return np.matmul(x, y)
+    out = np.empty(np.broadcast_shapes(x.shape[:-2], y.shape[:-2]) + (rows, cols), _F32)
+    for r0 in range(0, rows, step):
+        np.matmul(x[..., r0:r0 + step, :], y, out=out[..., r0:r0 + step, :])
+    return out
+
+
+def _load_tile(x32, j0: int, bkv: int, kv_start: int, load_hi: int) -> np.ndarray:
+    """Keys [j0, j0 + bkv) of ``x32: (B, Hkv, n_load, d)``, zero outside [kv_start, load_hi)."""
+    lo, hi = max(j0, kv_start), min(j0 + bkv, load_hi)
+    if lo == j0 and hi == j0 + bkv:
+        return x32[:, :, j0:hi]
+    tile = np.zeros(x32.shape[:2] + (bkv, x32.shape[3]), _F32)
+    if hi > lo:
+        tile[:, :, lo - j0:hi - j0] = x32[:, :, lo:hi]
+    return tile

@@ -1,0 +1,455 @@
+"""The case matrix: TOML case files, their validation, and deterministic inputs.
+
+A *case* is one attention call described as data (STYLE 6): geometry, options and a one-line
+``why`` saying which bug it exists to catch. Cases live in ``cases/<suite>.toml``::
+
+    description = "what this suite is for"      # optional
+
+    [defaults]                                  # optional, merged into every case
+    Hq = 64
+    Hkv = 8
+    d = 64
+
+    [[case]]
+    name = "gptoss-sink-past8192-w128"
+    sq = 512
+    past_len = 8192
+    window = 128
+    sink = "per_head"
+    why = "whole KV tiles must be skipped, not masked; the skip must keep the sink exact"
+
+Keys (``name``, ``Hq``, ``Hkv``, ``d``, ``sq`` and ``why`` are required):
+
+    name           ``^[a-z0-9][a-z0-9.-]*$``, unique over every suite loaded together
+    Hq, Hkv, d     query heads, KV heads (Hq % Hkv == 0), head dim
+    B, sq          batch (default 1), query rows of this chunk
+    past_len       keys already in the cache before the chunk (default 0)
+    window         -1 (none, default) or W >= 1 keys, self included (ORT convention)
+    sink           "none" (default) | "per_head" | "smooth"
+    dtype          "fp16" (default) | "bf16" | "fp32": what the inputs are rounded through
+    seed           numpy ``default_rng`` seed (default 0)
+    scale          logit scale (default 1/sqrt(d))
+    softcap        0 (off, default) or > 0
+    config         kernel tile config, keys ``m_tiles`` (>= 1) and ``bkv`` (32 | 64)
+    seed_contract  "decline": the seed kernel declined this case (recorded, not enforced)
+    why            one line: the bug this case exists to catch
+
+Every violation raises :class:`CaseError` naming the file, the case and the key.
+
+Inputs (:func:`make_inputs`) are a pure function of the case. ``q``, ``k``, ``v`` ~ N(0, 1)
+and, for ``sink = "per_head"``, sink logits ~ U(-2, 4) (the range gpt-oss's learned sinks
+occupy, so a sink sometimes dominates a row and sometimes vanishes), drawn from
+``default_rng(seed)`` in that order. The sink is drawn last, so cases that differ only in
+the sink see identical q/k/v. Everything is rounded through the case dtype before anyone sees
+it (the sink through fp16, as the kernel ABI carries it), so kernel and reference get the same
+numbers (DESIGN §1). The KV cache carries spare capacity filled with NaN canaries, and the
+output buffer is pre-filled with a NaN canary bit pattern, so reads past ``skv`` and writes
+on a decline are both visible.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import numbers
+import os
+import re
+import sys
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import numpy as np
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+SINK_MODES = ("none", "per_head", "smooth")
+DTYPES = ("fp16", "bf16", "fp32")
+SEED_CONTRACTS = ("decline",)
+CONFIG_KEYS = ("m_tiles", "bkv")
+BKV_VALUES = (32, 64)  # the kernel ABI compiles BKV in {32, 64} (docs/ARCHITECTURE.md)
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
+REQUIRED = ("name", "Hq", "Hkv", "d", "sq", "why")
+
+SINK_LOW, SINK_HIGH = -2.0, 4.0  # per-head sink logits ~ U(SINK_LOW, SINK_HIGH)
+KV_PAD_MIN = 64  # spare cache capacity is 64 + (-skv) % 64 rows: never zero, tile-aligned end
+OUT_CANARY_BITS = 0x7E5A  # an fp16 quiet NaN with a recognisable payload
+CASES_DIR_ENV = "REFATTN_CASES_DIR"
+
+
+class CaseError(ValueError):
+    """An invalid case or case file. The message names the file, the case and the key."""
+
+    def __init__(self, message: str, *, file=None, case: str | None = None, key: str | None = None):
+        self.file, self.case, self.key, self.reason = file, case, key, message
+        where = []
+        if file is not None:
+            where.append(str(file))
+        if case is not None:
+            where.append(f"case {case!r}")
+        if key is not None:
+            where.append(key)
+        super().__init__(": ".join(where + [message]))
+
+    def located(self, *, file=None, case: str | None = None) -> "CaseError":
+        """The same error with the file (and case, when not yet known) filled in."""
+        return CaseError(self.reason, file=file if file is not None else self.file,
+                         case=self.case if self.case is not None else case, key=self.key)
+
+
+# --------------------------------------------------------------------------- the Case
+
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _is_real(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Case:
+    """One attention call of the matrix. Construction validates (raises :class:`CaseError`)."""
+
+    name: str
+    suite: str = "adhoc"
+    Hq: int
+    Hkv: int
+    d: int
+    sq: int
+    B: int = 1
+    past_len: int = 0
+    window: int = -1
+    sink: str = "none"
+    dtype: str = "fp16"
+    seed: int = 0
+    scale: float | None = None
+    softcap: float = 0.0
+    config: dict | None = None
+    seed_contract: str | None = None
+    why: str
+
+    def __post_init__(self):
+        name = self.name if isinstance(self.name, str) else None
+
+        def bad(key: str, msg: str):
+            raise CaseError(msg, case=name, key=key)
+
+        if not isinstance(self.name, str) or not NAME_RE.match(self.name):
+            bad("name", f"expected a string matching {NAME_RE.pattern}, got {self.name!r}")
+        if not isinstance(self.suite, str) or not self.suite:
+            bad("suite", f"expected a non-empty string, got {self.suite!r}")
+        for key, lo in (("Hq", 1), ("Hkv", 1), ("d", 1), ("sq", 1), ("B", 1), ("past_len", 0),
+                        ("seed", 0)):
+            x = getattr(self, key)
+            if not _is_int(x):
+                bad(key, f"expected an integer >= {lo}, got {type(x).__name__} {x!r}")
+            if x < lo:
+                bad(key, f"expected an integer >= {lo}, got {x}")
+        if self.Hq % self.Hkv:
+            bad("Hkv", f"Hq={self.Hq} query heads is not a multiple of Hkv={self.Hkv} KV heads")
+        if not _is_int(self.window):
+            bad("window", f"expected an integer, -1 (none) or W >= 1, got {self.window!r}")
+        if self.window == 0 or self.window < -1:
+            bad("window", f"expected -1 (no window) or W >= 1 keys, got {self.window}")
+        if self.sink not in SINK_MODES:
+            bad("sink", f"expected one of {', '.join(map(repr, SINK_MODES))}, got {self.sink!r}")
+        if self.dtype not in DTYPES:
+            bad("dtype", f"expected one of {', '.join(map(repr, DTYPES))}, got {self.dtype!r}")
+        if self.scale is not None:
+            if not _is_real(self.scale) or not math.isfinite(self.scale) or self.scale <= 0:
+                bad("scale", f"expected a finite number > 0 (or leave it out), got {self.scale!r}")
+            object.__setattr__(self, "scale", float(self.scale))
+        if not _is_real(self.softcap) or not math.isfinite(self.softcap) or self.softcap < 0:
+            bad("softcap", f"expected a finite number >= 0 (0 = off), got {self.softcap!r}")
+        object.__setattr__(self, "softcap", float(self.softcap))
+        if self.config is not None:
+            if not isinstance(self.config, dict):
+                bad("config", f"expected a table with keys {', '.join(CONFIG_KEYS)}, got {self.config!r}")
+            for k, x in self.config.items():
+                if k not in CONFIG_KEYS:
+                    bad(f"config.{k}", f"unknown key (known: {', '.join(CONFIG_KEYS)})")
+                if not _is_int(x) or x < 1:
+                    bad(f"config.{k}", f"expected an integer >= 1, got {x!r}")
+            if "bkv" in self.config and self.config["bkv"] not in BKV_VALUES:
+                bad("config.bkv", f"expected one of {BKV_VALUES}, got {self.config['bkv']}")
+            object.__setattr__(self, "config", dict(self.config))  # a private copy
+        if self.seed_contract is not None and self.seed_contract not in SEED_CONTRACTS:
+            bad("seed_contract", f"expected one of {SEED_CONTRACTS} or absent, got {self.seed_contract!r}")
+        if not isinstance(self.why, str) or not self.why.strip() or "\n" in self.why.strip():
+            bad("why", f"expected one non-empty line saying what bug this case catches, got {self.why!r}")
+
+    def __hash__(self):  # config is a dict; hash its items (cases key the reference cache)
+        cfg = None if self.config is None else tuple(sorted(self.config.items()))
+        return hash(tuple(cfg if f.name == "config" else getattr(self, f.name) for f in fields(self)))
+
+    @property
+    def G(self) -> int:
+        """Query heads per KV head."""
+        return self.Hq // self.Hkv
+
+    @property
+    def skv(self) -> int:
+        """Keys in the cache after this chunk is appended: past_len + sq."""
+        return self.past_len + self.sq
+
+    @property
+    def s_cap(self) -> int:
+        """Allocated cache rows: skv plus 64..127 rows of NaN canaries."""
+        return self.skv + KV_PAD_MIN + (-self.skv) % KV_PAD_MIN
+
+    @property
+    def visible_pairs(self) -> int:
+        """(query row, key) pairs that are visible, per batch and head: row i sees
+        min(p + 1, W) keys with p = past_len + i (p + 1 without a window)."""
+        p = np.arange(self.past_len, self.skv, dtype=np.int64)
+        n = p + 1 if self.window < 0 else np.minimum(p + 1, self.window)
+        return int(n.sum())
+
+    @property
+    def flops(self) -> int:
+        """Useful FLOPs: 4 * B * Hq * d * visible_pairs (2 per multiply-add, in S = QK^T and
+        in O = PV; masked pairs are not counted)."""
+        return 4 * self.B * self.Hq * self.d * self.visible_pairs
+
+    @property
+    def id(self) -> str:
+        return f"{self.suite}/{self.name}"
+
+    def describe(self) -> str:
+        """Geometry and options in one short line, e.g. ``Hq64/Hkv8 d64 B1 sq512 past8192 w128 sink``."""
+        parts = [f"Hq{self.Hq}/Hkv{self.Hkv}", f"d{self.d}", f"B{self.B}", f"sq{self.sq}",
+                 f"past{self.past_len}"]
+        if self.window > 0:
+            parts.append(f"w{self.window}")
+        if self.sink != "none":
+            parts.append(self.sink)
+        if self.dtype != "fp16":
+            parts.append(self.dtype)
+        if self.scale is not None:
+            parts.append(f"scale={self.scale:g}")
+        if self.softcap:
+            parts.append(f"softcap={self.softcap:g}")
+        if self.config:
+            parts.append(",".join(f"{k}={v}" for k, v in sorted(self.config.items())))
+        return " ".join(parts)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# --------------------------------------------------------------------------- case files
+
+_KEYS = tuple(f.name for f in fields(Case) if f.name != "suite")
+
+
+def cases_dir() -> Path:
+    """The directory holding ``<suite>.toml`` files: ``$REFATTN_CASES_DIR`` or the repo's ``cases/``."""
+    env = os.environ.get(CASES_DIR_ENV)
+    return Path(env) if env else Path(__file__).resolve().parent.parent / "cases"
+
+
+def list_suites(directory: Path | None = None) -> list[str]:
+    """Names of the suites in ``directory`` (default :func:`cases_dir`), sorted."""
+    d = Path(directory) if directory is not None else cases_dir()
+    return sorted(p.stem for p in d.glob("*.toml")) if d.is_dir() else []
+
+
+def suite_path(name_or_path) -> Path:
+    """A suite name (``seed``) resolved in :func:`cases_dir`, or a path to a ``.toml`` file."""
+    s = str(name_or_path)
+    if s.endswith(".toml") or os.sep in s or "/" in s:
+        p = Path(s)
+        if not p.is_file():
+            raise CaseError("no such case file", file=p)
+        return p
+    p = cases_dir() / f"{s}.toml"
+    if not p.is_file():
+        known = ", ".join(list_suites()) or "none"
+        raise CaseError(f"unknown suite {s!r} (known in {cases_dir()}: {known})", file=p)
+    return p
+
+
+def _unknown_key(key: str, known) -> str:
+    near = difflib.get_close_matches(key, known, n=1)
+    hint = f"; did you mean {near[0]!r}?" if near else ""
+    return f"unknown key{hint} (known: {', '.join(known)})"
+
+
+def load_suite(path, *, suite: str | None = None) -> list[Case]:
+    """Load and validate one case file (a path or a suite name). The suite is the file's stem."""
+    path = suite_path(path)
+    suite = suite or path.stem
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise CaseError(f"not valid TOML: {e}", file=path) from None
+    for key in doc:
+        if key not in ("case", "defaults", "description"):
+            raise CaseError(_unknown_key(key, ("case", "defaults", "description")), file=path, key=key)
+    if "description" in doc and not isinstance(doc["description"], str):
+        raise CaseError("expected a string", file=path, key="description")
+    defaults = doc.get("defaults", {})
+    if not isinstance(defaults, dict):
+        raise CaseError("expected a table [defaults]", file=path, key="defaults")
+    for key in defaults:
+        if key in ("name", "why"):
+            raise CaseError("belongs to each case, not to [defaults]", file=path, case="defaults", key=key)
+        if key not in _KEYS:
+            raise CaseError(_unknown_key(key, _KEYS), file=path, case="defaults", key=key)
+    tables = doc.get("case", [])
+    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
+        raise CaseError("expected an array of tables [[case]]", file=path, key="case")
+    if not tables:
+        raise CaseError("no [[case]] tables", file=path, key="case")
+
+    cases, seen = [], set()
+    for i, table in enumerate(tables):
+        raw = table.get("name")
+        label = raw if isinstance(raw, str) else f"#{i + 1}"
+        for key in table:
+            if key not in _KEYS:
+                raise CaseError(_unknown_key(key, _KEYS), file=path, case=label, key=key)
+        merged = {**defaults, **table}
+        for key in REQUIRED:
+            if key not in merged:
+                raise CaseError("required key is missing", file=path, case=label, key=key)
+        try:
+            case = Case(suite=suite, **merged)
+        except CaseError as e:
+            raise e.located(file=path, case=label) from None
+        if case.name in seen:
+            raise CaseError("duplicate case name in this file", file=path, case=case.name, key="name")
+        seen.add(case.name)
+        cases.append(case)
+    return cases
+
+
+def load_suites(names=None) -> list[Case]:
+    """Load several suites (names or paths; default: every suite in :func:`cases_dir`).
+    Case names must be unique across them all: they are pytest ids and report keys."""
+    names = list_suites() if names is None else list(dict.fromkeys(str(n) for n in names))
+    cases, where = [], {}
+    for n in names:
+        path = suite_path(n)
+        for c in load_suite(path):
+            if c.name in where:
+                raise CaseError(f"duplicate case name (also in {where[c.name]})", file=path,
+                                case=c.name, key="name")
+            where[c.name] = path
+            cases.append(c)
+    return cases
+
+
+def suite_description(name_or_path) -> str:
+    """The optional top-level ``description`` of a case file ('' when absent)."""
+    with open(suite_path(name_or_path), "rb") as f:
+        return str(tomllib.load(f).get("description", ""))
+
+
+# --------------------------------------------------------------------------- inputs
+
+def round_bf16(x) -> np.ndarray:
+    """Round to bfloat16 (nearest, ties to even) and return the values as float32.
+
+    bf16 is the top half of an fp32 word: add 0x7FFF plus the lowest kept bit, then truncate
+    the low 16 bits. NaN stays NaN; finite values beyond the bf16 range round to +-inf.
+    """
+    x = np.asarray(x, dtype=np.float32)
+    u = x.view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
+    return np.where(np.isnan(x), x, r)
+
+
+def round_through(x, dtype: str) -> np.ndarray:
+    """``x`` rounded through the case dtype: fp16 -> float16, bf16 -> float32 holding bf16
+    values (NumPy has no bfloat16), fp32 -> float32."""
+    if dtype == "fp16":
+        return np.asarray(x).astype(np.float16)
+    if dtype == "bf16":
+        return round_bf16(x)
+    if dtype == "fp32":
+        return np.asarray(x).astype(np.float32)
+    raise ValueError(f"dtype: expected one of {DTYPES}, got {dtype!r}")
+
+
+def canary_out(shape) -> np.ndarray:
+    """A float16 buffer of ``shape`` with every element set to the canary NaN 0x7E5A."""
+    return np.full(shape, OUT_CANARY_BITS, dtype=np.uint16).view(np.float16)
+
+
+@dataclass(eq=False)
+class Inputs:
+    """A case's arrays, as a kernel sees them.
+
+    q: (B, Sq, Hq, d)      rounded through the case dtype
+    k, v: (B, Hkv, S_cap, d)  rows [0, skv) are the cache, rows [skv, S_cap) NaN canaries
+    sink: (Hq,) float16 or None
+    out: (B, Sq, Hq, d) float16, every element the canary NaN 0x7E5A
+    """
+
+    case: Case
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    sink: np.ndarray | None
+    smooth_softmax: bool
+    past_len: int
+    window: int
+    scale: float | None
+    softcap: float
+    config: dict | None
+    dtype: str
+    out: np.ndarray
+
+    @property
+    def skv(self) -> int:
+        return self.past_len + self.q.shape[1]
+
+    def clean_kv(self) -> tuple[np.ndarray, np.ndarray]:
+        """``k, v`` cut to ``skv`` rows (views, no canaries): what the reference sees."""
+        return self.k[:, :, : self.skv], self.v[:, :, : self.skv]
+
+    def fresh_out(self) -> np.ndarray:
+        """A new canary-filled output buffer of the right shape."""
+        return canary_out(self.q.shape)
+
+    def out_intact(self, buf: np.ndarray | None = None) -> bool:
+        """True iff ``buf`` (default ``self.out``) is byte-identical to a fresh canary buffer."""
+        buf = self.out if buf is None else buf
+        fresh = self.fresh_out()
+        return buf.shape == fresh.shape and buf.dtype == fresh.dtype and buf.tobytes() == fresh.tobytes()
+
+    def reference_kwargs(self) -> dict:
+        """Keyword arguments for ``refattn.attention`` / ``attention_with_baseline``."""
+        return dict(past_len=self.past_len, window=self.window, sink=self.sink,
+                    smooth_softmax=self.smooth_softmax, softcap=self.softcap, scale=self.scale)
+
+
+def make_inputs(case: Case) -> Inputs:
+    """Deterministic inputs for ``case`` (a pure function of the case; see module docstring)."""
+    rng = np.random.default_rng(case.seed)
+    B, Sq, Hq, Hkv, d, skv = case.B, case.sq, case.Hq, case.Hkv, case.d, case.skv
+
+    def normal(shape):
+        return round_through(rng.standard_normal(shape, dtype=np.float32), case.dtype)
+
+    q = normal((B, Sq, Hq, d))
+    k_clean = normal((B, Hkv, skv, d))
+    v_clean = normal((B, Hkv, skv, d))
+    k = np.full((B, Hkv, case.s_cap, d), np.nan, dtype=q.dtype)
+    v = np.full_like(k, np.nan)
+    k[:, :, :skv] = k_clean
+    v[:, :, :skv] = v_clean
+    sink = None
+    if case.sink == "per_head":
+        sink = rng.uniform(SINK_LOW, SINK_HIGH, Hq).astype(np.float16)
+    return Inputs(
+        case=case, q=q, k=k, v=v, sink=sink, smooth_softmax=case.sink == "smooth",
+        past_len=case.past_len, window=case.window, scale=case.scale, softcap=case.softcap,
+        config=None if case.config is None else dict(case.config), dtype=case.dtype,
+        out=canary_out((B, Sq, Hq, d)),
+    )

@@ -1,0 +1,394 @@
+"""The ``refattn`` command line: list the case matrix, run a kernel over it, and (plugged in
+by their own modules) the mutant kill matrix, reports and benchmarks.
+
+Exit codes: 0 everything acceptable; 1 a case failed (fail, contract-violation, error);
+2 a usage error, a bad case file, or an unknown or unavailable kernel (one clear line on
+stderr, no traceback).
+
+Subcommands are a table (:data:`SUBCOMMANDS`), name -> :class:`Subcommand`. ``cases``,
+``kernels`` and ``run`` live here; ``mutants``, ``report`` and ``bench`` are imported lazily
+from the modules named in the table, each of which provides ``add_arguments(parser)`` and
+``run(args) -> int``. Only the module of the subcommand being run is imported; when it is
+missing the subcommand says ``not available: <reason>`` and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    """A user error reported as one line and exit status 2."""
+
+
+@dataclass
+class Subcommand:
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None] | None = None
+    run: Callable[[argparse.Namespace], int] | None = None
+    module: str | None = None  # lazy: a module with add_arguments(parser) and run(args) -> int
+    description: str = ""
+    epilog: str = ""
+
+    def resolve(self) -> tuple[Callable, Callable]:
+        """(add_arguments, run), importing ``module`` if needed; raises UsageError if it can't."""
+        if self.run is not None:
+            return self.add_arguments or (lambda p: None), self.run
+        try:
+            mod = importlib.import_module(self.module)
+        except Exception as e:  # noqa: BLE001 - reported as "not available"
+            raise UsageError(f"not available: cannot import {self.module}: {type(e).__name__}: {e}") from None
+        run = getattr(mod, "run", None)
+        if not callable(run):
+            raise UsageError(f"not available: {self.module} has no run(args) function")
+        return getattr(mod, "add_arguments", lambda p: None), run
+
+
+# --------------------------------------------------------------------------- output helpers
+
+def _console(stderr: bool = False):
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    terminal = stream.isatty()
+    return Console(file=stream, width=None if terminal else 200, highlight=False,
+                   no_color=not terminal)
+
+
+_STYLE = {"pass": "green", "declined": "cyan", "fail": "bold red",
+          "contract-violation": "bold magenta", "error": "bold red"}
+
+
+def _e(x) -> str:
+    return "-" if x is None else f"{x:.2e}"
+
+
+def _safe_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._+-]", "_", name)
+
+
+# --------------------------------------------------------------------------- cases
+
+def _add_suite_option(p: argparse.ArgumentParser, default_help: str) -> None:
+    p.add_argument("--suite", action="extend", nargs="+", metavar="NAME",
+                   help=f"suite name (cases/NAME.toml) or path to a .toml file; several may follow "
+                        f"one --suite, and --suite may repeat. {default_help}")
+
+
+def _cases_args(p: argparse.ArgumentParser) -> None:
+    _add_suite_option(p, "Default: every suite.")
+    p.add_argument("--json", action="store_true", help="print the cases as JSON instead of a table")
+
+
+def _cases_run(args) -> int:
+    from refattn.cases import cases_dir, list_suites, load_suites, suite_description
+
+    names = args.suite or list_suites()
+    if not names:
+        raise UsageError(f"no case files in {cases_dir()}")
+    cases = load_suites(names)
+    if args.json:
+        doc = {"schema": 1, "cases_dir": str(cases_dir()),
+               "suites": {n: suite_description(n) for n in dict.fromkeys(names)},
+               "cases": [c.to_dict() for c in cases]}
+        print(json.dumps(doc, indent=2))
+        return EXIT_OK
+    from rich.table import Table
+
+    t = Table(title=f"{len(cases)} cases from {', '.join(dict.fromkeys(names))}")
+    for col in ("suite", "case", "geometry", "seed contract", "why"):
+        t.add_column(col, overflow="fold")
+    for c in cases:
+        t.add_row(c.suite, c.name, c.describe(), c.seed_contract or "", c.why)
+    _console().print(t)
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- kernels
+
+def _kernels_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def _kernels_run(args) -> int:
+    from refattn.kernels import KernelError, available_kernels, best_kernel, kernel_available
+
+    rows = []
+    for name, entry in available_kernels().items():
+        ok, reason = False, entry.error or ""
+        if entry.importable:
+            try:
+                ok, reason = kernel_available(entry())
+            except KernelError as e:
+                reason = str(e)
+            except Exception as e:  # noqa: BLE001
+                reason = f"{type(e).__name__}: {e}"
+        rows.append({"name": name, "target": entry.target, "origin": entry.origin,
+                     "gpu": entry.requires_gpu, "available": ok, "reason": reason})
+    best = best_kernel()
+    if args.json:
+        print(json.dumps({"schema": 1, "best": best, "kernels": rows}, indent=2))
+        return EXIT_OK
+    from rich.table import Table
+
+    t = Table(title=f"kernels (default for `refattn run`: {best})")
+    for col in ("name", "target", "origin", "gpu", "available", "reason"):
+        t.add_column(col, overflow="fold")
+    for r in rows:
+        t.add_row(r["name"], r["target"], r["origin"], "yes" if r["gpu"] else "",
+                  "[green]yes[/]" if r["available"] else "[red]no[/]", r["reason"])
+    _console().print(t)
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- run
+
+def _run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kernel", metavar="NAME",
+                   help="kernel to run: a registered name (reference, model, hipkernel), optionally "
+                        "with a variant (hipkernel:cuda), or an import path package.module:Class. "
+                        "Default: hipkernel when a GPU backend works, else model.")
+    _add_suite_option(p, "Default: seed.")
+    p.add_argument("-k", dest="match", action="append", metavar="SUBSTRING",
+                   help="only cases whose name contains SUBSTRING (repeatable: any of them)")
+    p.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH ('-' = stdout; "
+                   "the table then goes to stderr)")
+    p.add_argument("--report", metavar="DIR", help="write DIR/run-<kernel>.json")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    p.add_argument("--gpus", metavar="N", type=_gpu_count, default=1,
+                   help="spread the cases over N GPUs: runs `pytest -n N --dist loadgroup` on "
+                        "tests/test_matrix.py (needs pytest-xdist and the source tree), one worker "
+                        "pinned to each visible device, every autotune key on one worker; the "
+                        "results are merged into the same table and JSON. Default 1: in-process")
+
+
+def _gpu_count(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of GPUs, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1 GPU, got {n}")
+    return n
+
+
+def _progress_printer(stack):
+    """A ``progress(i, n, case, result)`` callback: a rich bar on a TTY, plain lines otherwise."""
+    if sys.stderr.isatty():
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                       TimeElapsedColumn(), console=_console(stderr=True), transient=True)
+        stack.enter_context(bar)
+        task = None
+
+        def progress(i, n, case, result):
+            nonlocal task
+            if task is None:
+                task = bar.add_task("", total=n)
+            if result is None:
+                bar.update(task, description=case.name)
+            else:
+                bar.update(task, advance=1)
+        return progress
+
+    def plain(i, n, case, result):
+        if result is not None:
+            rel = f"relL2 {result.rel_l2:.2e}" if result.rel_l2 is not None else result.note
+            t = f"{result.time_s:.2f} s" if result.time_s is not None else "-"
+            print(f"[{i + 1:>{len(str(n))}}/{n}] {result.outcome:<18} {case.name}  {rel}  ({t})",
+                  file=sys.stderr, flush=True)
+    return plain
+
+
+def _results_table(m):
+    from rich.table import Table
+
+    t = Table(title=f"kernel {m.kernel}: {', '.join(m.suites)}")
+    t.add_column("case", overflow="fold")
+    t.add_column("outcome")
+    t.add_column("relL2", justify="right")
+    t.add_column("max-abs @ (b,h,row,col)")
+    t.add_column("gate relL2 / max-abs", justify="right")
+    t.add_column("seed gate")
+    t.add_column("time", justify="right")
+    for r in m.results:
+        at = "" if r.max_abs_at is None else " @ (" + ",".join(map(str, r.max_abs_at)) + ")"
+        if r.n_nan or r.n_inf:
+            maxabs = f"{r.n_nan} NaN, {r.n_inf} Inf"
+        else:
+            maxabs = "-" if r.max_abs is None else f"{r.max_abs:.2e}{at}"
+        gate = "-" if r.gate is None else f"{_e(r.gate)} / {_e(r.gate_max_abs)}"
+        seed = "-" if r.seed_gate_pass is None else ("pass" if r.seed_gate_pass else "fail")
+        tm = "-" if r.time_s is None else f"{r.time_s:.3f} s"
+        t.add_row(r.case, f"[{_STYLE.get(r.outcome, '')}]{r.outcome}[/]", _e(r.rel_l2), maxabs,
+                  gate, seed, tm)
+    return t
+
+
+def _run_sharded(args, name: str, cases, progress):
+    """``--gpus N``: the cases through ``pytest -n N --dist loadgroup`` (refattn.sharding)."""
+    from refattn.sharding import ShardError, run_sharded, visible_devices
+
+    devices = visible_devices()
+    if not args.quiet:
+        print(f"refattn run: {len(cases)} cases on {args.gpus} pytest-xdist workers; "
+              f"{len(devices)} device(s) visible ({devices.source})"
+              + ("; workers will share devices" if 0 < len(devices) < args.gpus else ""),
+              file=sys.stderr, flush=True)
+    try:
+        return run_sharded(name, args.suite or ["seed"], cases, args.gpus, progress=progress)
+    except ShardError as e:
+        raise UsageError(str(e)) from None
+
+
+def _run_run(args) -> int:
+    from contextlib import ExitStack
+
+    from refattn.cases import load_suites
+    from refattn.kernels import best_kernel, get_kernel, kernel_available
+    from refattn.runner import run_matrix
+
+    sharded = getattr(args, "gpus", 1) > 1
+    name = args.kernel or best_kernel()
+    kernel = get_kernel(name)
+    if not sharded:  # sharded: each worker checks on its own device (the parent stays off the GPU)
+        ok, reason = kernel_available(kernel)
+        if not ok:
+            raise UsageError(f"kernel: {name!r} is not available here: {reason}")
+    cases = load_suites(args.suite or ["seed"])
+    if args.match:
+        cases = [c for c in cases if any(s in c.name for s in args.match)]
+        if not cases:
+            raise UsageError(f"-k: no case name contains {' or '.join(map(repr, args.match))}")
+
+    with ExitStack() as stack:
+        progress = None if args.quiet else _progress_printer(stack)
+        if sharded:
+            m = _run_sharded(args, name, cases, progress)
+        else:
+            m = run_matrix(kernel, cases, progress=progress)
+
+    doc = m.to_json()
+    text = json.dumps(doc, indent=2, allow_nan=False)
+    out = _console(stderr=args.json == "-")
+    out.print(_results_table(m))
+    c = m.counts()
+    line = ", ".join(f"{n} {o}" for o, n in c.items() if n)
+    out.print(f"{'OK' if m.ok else 'FAILED'}: kernel {m.kernel}, {len(m.results)} cases: {line} "
+              f"in {m.elapsed_s:.1f} s")
+    from rich.text import Text
+
+    for r in m.failures():
+        out.print(Text("\n" + r.failure_message(), style="bold"))  # no markup: messages hold brackets
+    if args.json == "-":
+        sys.stdout.write(text + "\n")
+    elif args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(text + "\n")
+    if args.report:
+        d = Path(args.report)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"run-{_safe_name(m.kernel)}.json").write_text(text + "\n")
+    return EXIT_OK if m.ok else EXIT_FAIL
+
+
+# --------------------------------------------------------------------------- the table
+
+SUBCOMMANDS: dict[str, Subcommand] = {
+    "cases": Subcommand(
+        "list the case matrix", _cases_args, _cases_run,
+        description="List the cases of one or more suites, with the bug each exists to catch.",
+        epilog="examples:\n  refattn cases\n  refattn cases --suite seed --json"),
+    "kernels": Subcommand(
+        "list the registered kernels and whether they can run here", _kernels_args, _kernels_run,
+        description="List the kernel adapters (entry-point group refattn.kernels and built-ins)."),
+    "run": Subcommand(
+        "run a kernel over the case matrix", _run_args, _run_run,
+        description="Run a kernel over the cases of one or more suites and judge every output "
+                    "against the fp64 reference under the derived gate (DESIGN §4).",
+        epilog="examples:\n"
+               "  refattn run                                   # best kernel, seed suite\n"
+               "  refattn run --kernel model --suite seed --suite extended\n"
+               "  refattn run --kernel reference -k past8192 --json -\n"
+               "  refattn run --kernel hipkernel:cuda --report reports/gpu\n"
+               "  refattn run --kernel hipkernel --suite seed extended --gpus 2  # one worker per GPU\n"
+               "  refattn run --kernel mypkg.adapters:MyKernel   # any adapter class by import path\n"
+               "\nexit status: 0 all pass/declined, 1 a failure, 2 usage / case-file / kernel error"),
+    "mutants": Subcommand("run the mutant kill matrix", module="refattn.mutants_cli"),
+    "report": Subcommand("write the JSON + Markdown report", module="refattn.report"),
+    "bench": Subcommand("benchmark the kernel against peers", module="refattn.bench"),
+}
+
+
+def _chosen(argv: list[str]) -> str | None:
+    for tok in argv:
+        if not tok.startswith("-"):
+            return tok
+    return None
+
+
+def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
+    """The parser. Only the ``chosen`` subcommand's lazy module is imported (for its arguments)."""
+    from refattn import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="refattn",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Numerical verification harness for fused GQA flash-attention prefill kernels: "
+                    "sinks, smooth softmax, sliding windows, chunked prefill.",
+        epilog="examples:\n"
+               "  refattn cases --suite seed\n"
+               "  refattn run --kernel model --suite seed\n"
+               "  refattn run --kernel reference -k gptoss-sink --json -\n"
+               "  refattn <command> --help\n"
+               "\ncase files: cases/*.toml, or the directory in $REFATTN_CASES_DIR",
+    )
+    parser.add_argument("--version", action="version", version=f"refattn {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="command")
+    sub.required = True
+    for name, sc in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=sc.help, description=sc.description or sc.help, epilog=sc.epilog,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        if name == chosen:
+            add_arguments, run = sc.resolve()
+            add_arguments(p)
+            p.set_defaults(_run=run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``refattn`` console script. Returns the exit status."""
+    from refattn.cases import CaseError
+    from refattn.kernels import KernelError
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    chosen = _chosen(argv)
+    if chosen not in SUBCOMMANDS:
+        chosen = None  # let argparse report the bad choice
+    try:
+        parser = build_parser(chosen)
+    except UsageError as e:
+        print(f"refattn {chosen}: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version, usage errors
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
+    try:
+        return int(args._run(args))
+    except (UsageError, CaseError, KernelError) as e:
+        print(f"refattn {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("refattn: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,78 @@
+"""The mutant catalogue: classic bugs of a fused flash-attention prefill kernel (DESIGN §5).
+
+Each mutant is one deliberate bug, switchable in both implementations of the kernel's
+algorithm: as a flag of the CPU model (``hipkernel.model.attention(..., mutants={name})``)
+and as a preprocessor macro of the HIP source (``-D<macro>=1``, tested with ``#ifdef`` at
+the one place the bug lives). A case matrix is only as good as the mutants it kills.
+
+This module is pure data: it does not import ``hipkernel``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One bug: its ``name`` (the model flag), its ``macro`` (the HIP ``-D`` switch) and
+    what it ``breaks``, in one line."""
+
+    name: str
+    macro: str
+    breaks: str
+    # Set when the bug cannot change an fp16 output on any input (an "equivalent mutant" in
+    # mutation-testing terms), with the argument. It is still built and run; a survivor
+    # with this set does not fail the kill matrix, and the report shows why.
+    equivalent: str | None = None
+
+
+def _m(name: str, breaks: str, equivalent: str | None = None) -> Mutant:
+    return Mutant(name, f"HIPKERNEL_MUTANT_{name.upper()}", breaks, equivalent)
+
+
+MUTANTS: tuple[Mutant, ...] = (
+    _m("no_nan_guard",
+       "the all-masked-tile guard is removed: exp2(-inf - -inf) = NaN poisons a row that has seen nothing yet"),
+    _m("clamp_plus_one_tile",
+       "the KV loop starts one tile after kv_start's tile, skipping keys rows can see"),
+    _m("clamp_from_last_row",
+       "the start tile is computed from the Q tile's last row, so earlier rows lose window keys"),
+    _m("window_mask_off_by_one",
+       "the window mask is j >= p - W, so W + 1 keys are visible"),
+    _m("sink_ignored",
+       "the epilogue leaves the sink (and smooth softmax's zero logit) out of the denominator"),
+    _m("sink_no_log2e",
+       "the sink logit enters exp2 space without the log2(e) factor"),
+    _m("sink_per_tile",
+       "the sink is added to the denominator once per KV tile walked (split-KV bug), not once per row"),
+    _m("smooth_ignored",
+       "smooth softmax (sink_mode 2, sigma = 0) is treated as no sink"),
+    _m("past_len_ignored",
+       "query row i sits at position i instead of past_len + i: top-left causal alignment"),
+    _m("gqa_modulo",
+       "query head h reads KV head h % Hkv instead of h // G"),
+    _m("tail_unmasked",
+       "the last partial KV tile is loaded raw past Skv; the cache padding's NaN canaries leak into P.V"),
+    _m("sink_max_skipped",
+       "the final max ignores the sink, so exp2(sigma*log2e - m) overflows for large sinks",
+       equivalent="m_fin only scales acc and l by a common factor unless exp2(sig2 - m) overflows "
+                  "(sig2 - m >= 128); then the true output is below 2^16 * n_keys * 2^-128, far "
+                  "under fp16's smallest subnormal 2^-24, so both round to 0. Not observable at "
+                  "fp16 output; tests/test_model.py pins this with sinks up to 6e4."),
+    _m("sink_unshifted",
+       "the sink enters the denominator as exp2(sigma*log2e) without subtracting the running "
+       "max: wrong weights, and inf (output 0) for large sinks"),
+)
+
+_BY_NAME = {m.name: m for m in MUTANTS}
+
+
+def by_name(name: str) -> Mutant:
+    """The mutant called ``name``; ValueError (naming ``mutant``) for an unknown name."""
+    try:
+        return _BY_NAME[name]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"mutant: unknown mutant {name!r}; known: {', '.join(_BY_NAME)}"
+        ) from None

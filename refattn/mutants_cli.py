@@ -1,0 +1,84 @@
+"""`refattn mutants`: run the mutation kill matrix (see ``refattn.killmatrix``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+
+from refattn.cli import EXIT_FAIL, EXIT_OK, UsageError, _add_suite_option, _console, _progress_printer
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kernel", default="model", metavar="NAME",
+                   help="kernel family whose mutants to switch on: model (CPU, default) or "
+                        "hipkernel / hipkernel:cuda / hipkernel:hip (GPU)")
+    _add_suite_option(p, "Default: seed and extended.")
+    p.add_argument("--mutant", action="append", metavar="NAME",
+                   help="run only this mutant (repeatable); default: the whole catalogue")
+    p.add_argument("-k", dest="match", action="append", metavar="SUBSTRING",
+                   help="only cases whose name contains SUBSTRING (repeatable)")
+    p.add_argument("--json", metavar="PATH", help="write the kill matrix as JSON ('-' = stdout)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    p.epilog = ("examples:\n  refattn mutants\n  refattn mutants --kernel hipkernel --json reports/gpu/mutants.json\n"
+                "  refattn mutants --mutant no_nan_guard -k w128\n\n"
+                "exit status: 0 clean kernel passes and every mutant is killed, 1 otherwise, 2 usage error")
+
+
+def run(args) -> int:
+    from refattn.cases import load_suites
+    from refattn.kernels import get_kernel, kernel_available
+    from refattn.killmatrix import format_grid, run_kill_matrix
+    from refattn.mutants import MUTANTS, by_name
+
+    for name in args.mutant or []:
+        try:
+            by_name(name)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    probe = get_kernel(args.kernel)
+    ok, reason = kernel_available(probe)
+    if not ok:
+        raise UsageError(f"kernel: {args.kernel!r} is not available here: {reason}")
+    cases = load_suites(args.suite or ["seed", "extended"])
+    if args.match:
+        cases = [c for c in cases if any(s in c.name for s in args.match)]
+        if not cases:
+            raise UsageError(f"-k: no case name contains {' or '.join(map(repr, args.match))}")
+
+    n_mut = len(args.mutant or MUTANTS)
+    done = {"kernels": 0}
+
+    def make_kernel(mutants):
+        done["kernels"] += 1
+        if not args.quiet:
+            label = ", ".join(sorted(mutants)) or "clean kernel"
+            print(f"[{done['kernels']}/{n_mut + 1}] {label}", file=sys.stderr, flush=True)
+        return get_kernel(args.kernel, mutants=mutants)
+
+    with ExitStack() as stack:
+        progress = None if args.quiet else _progress_printer(stack)
+        km = run_kill_matrix(make_kernel, cases, names=args.mutant, progress=progress)
+
+    doc = km.to_json()
+    text = json.dumps(doc, indent=2, allow_nan=False)
+    out = _console(stderr=args.json == "-")
+    out.print(format_grid(km), markup=False, highlight=False)
+    survivors = [m.name for m in km.mutants if not m.killed and m.must_kill]
+    equivalent = [m.name for m in km.mutants if not m.killed and not m.must_kill]
+    seed_blind = [m.name for m in km.mutants if m.killed and not m.killed_by_seed_gate]
+    out.print(f"{'OK' if km.ok else 'FAILED'}: {len(km.mutants) - len(survivors)}/{len(km.mutants)} "
+              f"mutants killed over {len(cases)} cases; clean kernel "
+              f"{'passes' if km.clean_ok else 'fails'}"
+              + (f"; surviving: {', '.join(survivors)}" if survivors else "")
+              + (f"; equivalent at fp16 output (not observable): {', '.join(equivalent)}" if equivalent else "")
+              + (f"; the seed gate alone misses: {', '.join(seed_blind)}" if seed_blind else ""),
+              markup=False)
+    if args.json == "-":
+        sys.stdout.write(text + "\n")
+    elif args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(text + "\n")
+    return EXIT_OK if km.ok else EXIT_FAIL

@@ -1,0 +1,324 @@
+"""Run kernels over cases: one adapter x a list of cases -> judged results.
+
+For each case the runner builds the inputs (``refattn.cases.make_inputs``), asks the kernel
+whether it supports the case, runs it, and judges what came back:
+
+=====================  ==========================================================
+outcome                when
+=====================  ==========================================================
+``pass``               supported, status 0, the output passes the derived gate
+``fail``               supported, but the output fails the gate, has the wrong
+                       shape, or the kernel declined (status -1) anyway
+``declined``           not supported, status -1, output buffer byte-identical
+``contract-violation`` not supported, but status 0 or the output buffer was
+                       written; or a status other than 0 / -1
+``error``              the kernel (or the reference) raised
+=====================  ==========================================================
+
+Only ``pass`` and ``declined`` are acceptable. The kernel is judged against the fp64
+reference and the low-precision baseline of the same clean inputs
+(``refattn.reference.attention_with_baseline``, ``refattn.metrics.compare``). Both depend
+only on the case, so they are cached in-process: the mutant matrix runs a dozen kernels over
+the same cases and computes each reference once. The reference is computed before the kernel
+runs, from inputs the kernel has not yet seen, and only for supported cases.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from refattn.cases import Case, Inputs, make_inputs
+from refattn.metrics import Comparison, compare
+from refattn.reference import attention_with_baseline
+
+OUTCOMES = ("pass", "fail", "declined", "contract-violation", "error")
+ACCEPTABLE = ("pass", "declined")
+SCHEMA = 1
+
+
+# --------------------------------------------------------------------------- reference cache
+
+class ReferenceCache:
+    """LRU cache of ``case -> (fp64 reference, low-precision baseline)``, bounded in bytes.
+
+    The baseline is rounded to fp16 by construction, so it is stored as float16 (lossless).
+    Cached arrays are read-only. Budget: ``$REFATTN_REF_CACHE_MB`` (default 2048 MB; the seed
+    suite needs about 0.5 GB)."""
+
+    def __init__(self, budget_bytes: int | None = None):
+        if budget_bytes is None:
+            budget_bytes = int(float(os.environ.get("REFATTN_REF_CACHE_MB", "2048")) * 2**20)
+        self.budget = budget_bytes
+        self._data: OrderedDict[Case, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        self.nbytes = 0
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, case: Case, inputs: Inputs | None = None) -> tuple[np.ndarray, np.ndarray]:
+        hit = self._data.get(case)
+        if hit is not None:
+            self.hits += 1
+            self._data.move_to_end(case)
+            return hit
+        self.misses += 1
+        inputs = inputs if inputs is not None else make_inputs(case)
+        k, v = inputs.clean_kv()
+        ref, base = attention_with_baseline(inputs.q, k, v, **inputs.reference_kwargs())
+        base = base.astype(np.float16)
+        for a in (ref, base):
+            a.flags.writeable = False
+        size = ref.nbytes + base.nbytes
+        if size <= self.budget:
+            self._data[case] = (ref, base)
+            self.nbytes += size
+            while self.nbytes > self.budget:
+                _, (r, b) = self._data.popitem(last=False)
+                self.nbytes -= r.nbytes + b.nbytes
+        return ref, base
+
+    def clear(self) -> None:
+        self._data.clear()
+        self.nbytes = self.hits = self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+REFERENCE_CACHE = ReferenceCache()
+
+
+def reference_for(case: Case, inputs: Inputs | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The fp64 reference ``(B, Sq, Hq, d)`` and the fp16 baseline of ``case`` (cached)."""
+    return REFERENCE_CACHE.get(case, inputs)
+
+
+# --------------------------------------------------------------------------- results
+
+def _num(x) -> float | None:
+    """A JSON-safe float: None for missing or NaN."""
+    if x is None:
+        return None
+    x = float(x)
+    return None if math.isnan(x) else x
+
+
+@dataclass
+class Result:
+    """One kernel on one case."""
+
+    case: str
+    suite: str
+    outcome: str
+    note: str = ""
+    status: int | None = None
+    supported: bool | None = None
+    rel_l2: float | None = None
+    max_abs: float | None = None
+    max_abs_at: tuple[int, int, int, int] | None = None  # (b, h, row, col)
+    gate: float | None = None  # derived relL2 gate
+    gate_max_abs: float | None = None
+    seed_gate_pass: bool | None = None
+    baseline_rel_l2: float | None = None
+    n_nan: int | None = None
+    n_inf: int | None = None
+    time_s: float | None = None  # kernel run() wall time
+    seed_contract: str | None = None
+    params: dict = field(default_factory=dict)  # the case, as data
+    comparison: Comparison | None = field(default=None, repr=False)
+
+    @property
+    def acceptable(self) -> bool:
+        return self.outcome in ACCEPTABLE
+
+    @property
+    def summary(self) -> str:
+        """One line: the comparison's summary, or what happened instead."""
+        if self.comparison is not None:
+            return self.comparison.summary()
+        return f"{self.outcome.upper()}: {self.note}" if self.note else self.outcome.upper()
+
+    def failure_message(self) -> str:
+        """The full story for a pytest failure or a report: which case, which geometry, and
+        the numpy.testing-style comparison (or the contract/error note)."""
+        head = f"{self.suite}/{self.case} [{self.params.get('describe', '')}]: {self.outcome}"
+        if self.comparison is not None and not self.comparison.passed:
+            return f"{head}\n{self.comparison.failure_message()}"
+        return f"{head}: {self.note}" if self.note else head
+
+    def to_dict(self) -> dict:
+        return {
+            "case": self.case, "suite": self.suite, "outcome": self.outcome, "note": self.note,
+            "status": self.status, "supported": self.supported,
+            "rel_l2": _num(self.rel_l2), "max_abs": _num(self.max_abs),
+            "max_abs_at": None if self.max_abs_at is None else list(self.max_abs_at),
+            "gate": _num(self.gate), "gate_max_abs": _num(self.gate_max_abs),
+            "seed_gate_pass": self.seed_gate_pass, "baseline_rel_l2": _num(self.baseline_rel_l2),
+            "n_nan": self.n_nan, "n_inf": self.n_inf, "time_s": _num(self.time_s),
+            "seed_contract": self.seed_contract, "summary": self.summary,
+            "params": self.params,
+            "comparison": None if self.comparison is None else self.comparison.to_dict(),
+        }
+
+
+@dataclass
+class MatrixResult:
+    """One kernel over a list of cases."""
+
+    kernel: str
+    results: list[Result]
+    suites: list[str] = field(default_factory=list)
+    started: str = ""
+    elapsed_s: float = 0.0
+    host: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """Every outcome is ``pass`` or ``declined``."""
+        return all(r.acceptable for r in self.results)
+
+    def counts(self) -> dict[str, int]:
+        return {o: sum(r.outcome == o for r in self.results) for o in OUTCOMES}
+
+    def failures(self) -> list[Result]:
+        return [r for r in self.results if not r.acceptable]
+
+    def to_json(self) -> dict:
+        """The JSON document (a dict, ready for ``json.dump``), schema 1."""
+        return {
+            "schema": SCHEMA, "kernel": self.kernel, "ok": self.ok, "suites": list(self.suites),
+            "started": self.started, "elapsed_s": round(self.elapsed_s, 3), "host": self.host,
+            "counts": self.counts(), "results": [r.to_dict() for r in self.results],
+        }
+
+
+def host_info() -> dict:
+    return {"python": platform.python_version(), "numpy": np.__version__,
+            "platform": platform.platform(), "machine": platform.machine(),
+            "cpus": os.cpu_count()}
+
+
+# --------------------------------------------------------------------------- running
+
+def _exception_note(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"
+
+
+def run_case(kernel, case: Case, *, cache: ReferenceCache | None = None) -> Result:
+    """Run ``kernel`` (an adapter) on ``case`` and judge the outcome (see the module docstring)."""
+    cache = REFERENCE_CACHE if cache is None else cache
+    params = case.to_dict()
+    params["describe"] = case.describe()
+    res = Result(case=case.name, suite=case.suite, outcome="error",
+                 seed_contract=case.seed_contract, params=params)
+    inputs = make_inputs(case)
+    buf = inputs.out
+    try:
+        supported = bool(kernel.supports(case))
+    except Exception as e:  # noqa: BLE001 - a crashing kernel is a result, not a crash
+        res.note = f"supports() raised {_exception_note(e)}"
+        return res
+    res.supported = supported
+
+    expected = baseline = None
+    if supported:
+        try:
+            expected, baseline = cache.get(case, inputs)
+        except Exception as e:  # noqa: BLE001
+            res.note = f"reference failed: {_exception_note(e)}"
+            return res
+
+    t0 = time.perf_counter()
+    try:
+        ret = kernel.run(inputs)
+    except Exception as e:  # noqa: BLE001
+        res.time_s = time.perf_counter() - t0
+        res.note = f"run() raised {_exception_note(e)}"
+        return res
+    res.time_s = time.perf_counter() - t0
+
+    try:
+        status, out = ret
+        status = int(status)
+    except (TypeError, ValueError):
+        res.outcome = "contract-violation"
+        res.note = f"run() must return (status, out), got {type(ret).__name__}"
+        return res
+    res.status = status
+
+    if status not in (0, -1):
+        res.outcome = "contract-violation"
+        res.note = f"returned status {status}; only 0 (computed) and -1 (declined) are defined"
+        return res
+
+    if not supported:
+        touched = inputs.out is not buf or not inputs.out_intact(buf)
+        problems = []
+        if status == 0:
+            problems.append("returned 0 on a case it declares unsupported")
+        if touched:
+            problems.append("touched the output buffer while declining" if status == -1
+                            else "wrote the output buffer")
+        if problems:
+            res.outcome = "contract-violation"
+            res.note = "; ".join(problems)
+        else:
+            res.outcome = "declined"
+            res.note = "declined (status -1), output buffer untouched"
+        return res
+
+    if status == -1:
+        res.outcome = "fail"
+        res.note = "declined a case it claims to support"
+        return res
+
+    want = (case.B, case.sq, case.Hq, case.d)
+    arr = out if isinstance(out, np.ndarray) else None
+    if arr is None or arr.shape != want or not np.issubdtype(arr.dtype, np.floating):
+        res.outcome = "fail"
+        got = "None" if out is None else (f"{arr.dtype} {arr.shape}" if arr is not None
+                                          else type(out).__name__)
+        res.note = f"returned {got}, expected a float array of shape {want} (B, Sq, Hq, d)"
+        return res
+
+    c = compare(arr, expected, baseline)
+    res.comparison = c
+    res.outcome = "pass" if c.passed else "fail"
+    res.rel_l2, res.max_abs, res.max_abs_at = c.rel_l2, c.max_abs, c.max_abs_at
+    res.gate, res.gate_max_abs = c.gate_rel_l2, c.gate_max_abs
+    res.seed_gate_pass, res.baseline_rel_l2 = c.seed_passed, c.baseline_rel_l2
+    res.n_nan, res.n_inf = c.n_nan, c.n_inf
+    res.note = "" if c.passed else c.summary()
+    if case.seed_contract == "decline":
+        res.note = (res.note + "; " if res.note else "") + "the seed kernel declined this case"
+    return res
+
+
+def run_matrix(kernel, cases, progress=None, *, cache: ReferenceCache | None = None) -> MatrixResult:
+    """Run ``kernel`` over ``cases``. ``progress(i, n, case, result)`` is called before each
+    case with ``result=None`` and after it with the :class:`Result` (i counts from 0)."""
+    cases = list(cases)
+    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    t0 = time.perf_counter()
+    results = []
+    for i, case in enumerate(cases):
+        if progress is not None:
+            progress(i, len(cases), case, None)
+        r = run_case(kernel, case, cache=cache)
+        results.append(r)
+        if progress is not None:
+            progress(i, len(cases), case, r)
+    suites = list(dict.fromkeys(c.suite for c in cases))
+    return MatrixResult(kernel=str(getattr(kernel, "name", type(kernel).__name__)), results=results,
+                        suites=suites, started=started, elapsed_s=time.perf_counter() - t0,
+                        host=host_info())
+
+
+__all__ = ["ACCEPTABLE", "OUTCOMES", "MatrixResult", "REFERENCE_CACHE", "ReferenceCache",
+           "Result", "reference_for", "run_case", "run_matrix"]

@@ -1,0 +1,67 @@
+"""A recording backend for host-side tests of the kernel API and the autotuner.
+
+It implements the backend interface (compile, alloc, htod, dtoh, launch, time_ms,
+synchronize, free) without a device: launches are recorded, device buffers are plain
+byte arrays, and ``time_ms`` returns a time chosen by the test per config. It exists to test
+host logic (decline before any device call, autotune keys, tuning launches without the
+sink); numerics are tested against the model and, on a GPU, the real kernel.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class RecordingBackend:
+    name = "recording"
+    device_name = "no device"
+
+    def __init__(self, arch="sm_test", times=None):
+        self.arch = arch
+        self.times = times or {}
+        self.calls: list[tuple] = []  # every device-level call, in order
+        self.launches: list[dict] = []
+        self._mem: dict[int, bytearray] = {}
+        self._next = 0x1000
+        self._timing = False
+
+    def compile(self, source, defines, kernel_name):
+        self.calls.append(("compile", dict(defines)))
+        return dict(defines)
+
+    def alloc(self, nbytes):
+        ptr = self._next
+        self._next += max(256, nbytes)
+        self._mem[ptr] = bytearray(nbytes)
+        self.calls.append(("alloc", nbytes))
+        return ptr
+
+    def free(self, ptr):
+        self.calls.append(("free", ptr))
+        self._mem.pop(ptr)
+
+    def htod(self, ptr, arr):
+        self.calls.append(("htod", ptr))
+        self._mem[ptr][:] = np.ascontiguousarray(arr).tobytes()
+
+    def dtoh(self, arr, ptr):
+        self.calls.append(("dtoh", ptr))
+        arr[...] = np.frombuffer(bytes(self._mem[ptr]), dtype=arr.dtype).reshape(arr.shape)
+
+    def launch(self, kernel, grid, block, args):
+        rec = dict(kernel=kernel, grid=grid, block=block, args=[val for _, val in args],
+                   tuning=self._timing)
+        self.launches.append(rec)
+        self.calls.append(("launch", rec))
+
+    def synchronize(self):
+        self.calls.append(("synchronize",))
+
+    def time_ms(self, fn, warmup=1, reps=3):
+        self._timing = True
+        try:
+            fn()
+        finally:
+            self._timing = False
+        cfg = self.launches[-1]["kernel"]
+        return [self.times.get((cfg["M_TILES"], cfg["BKV"]), 1.0)] * reps

@@ -1,0 +1,123 @@
+"""Host side of the kernel API, testable without a GPU: the decline decision is made before
+any device call, a decline leaves `out` byte-identical, bad arguments raise ValueError
+naming the argument, and a supported call with no GPU says which backends were tried."""
+
+import numpy as np
+import pytest
+
+import hipkernel
+from hipkernel import api
+from tests.fake_backend import RecordingBackend
+
+
+def _inputs(d=64, dtype=np.float16, Sq=8, Hq=4, Hkv=2, past=4, cap_pad=0):
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, Sq, Hq, d)).astype(dtype)
+    k = rng.standard_normal((1, Hkv, past + Sq + cap_pad, d)).astype(dtype)
+    v = rng.standard_normal((1, Hkv, past + Sq + cap_pad, d)).astype(dtype)
+    return q, k, v, past
+
+
+@pytest.mark.parametrize("kw, dtype, d", [
+    ({}, np.float16, 80),            # head dim not compiled
+    ({}, np.float16, 256),
+    ({"softcap": 30.0}, np.float16, 64),
+    ({}, np.float32, 64),            # dtype not implemented
+    ({}, np.float64, 128),
+])
+def test_decline_touches_nothing(kw, dtype, d):
+    q, k, v, past = _inputs(d=d, dtype=dtype)
+    out = np.full(q.shape, np.float16(-7.25))
+    before = out.tobytes()
+    be = RecordingBackend()
+    status, res = hipkernel.attention(q, k, v, past_len=past, out=out, backend=be, **kw)
+    assert status == -1 and res is out
+    assert out.tobytes() == before
+    assert be.calls == []  # no allocation, copy, compile or launch
+
+
+def test_decline_at_device_level_calls_nothing():
+    be = RecordingBackend()
+    assert api.flash_prefill_v3(be, 0x100, 0x200, 0x300, 0, 0x500, B=1, Sq=4, Hq=4, Hkv=2, d=96, S_cap=8, past_len=4) == -1
+    assert api.flash_prefill_v3(be, 0x100, 0x200, 0x300, 0, 0x500, B=1, Sq=4, Hq=4, Hkv=2, d=64, S_cap=8, past_len=4,
+                                dtype="bf16") == -1
+    assert be.calls == []
+
+
+def test_supported_call_launches_once_per_call(monkeypatch):
+    monkeypatch.setenv("HIPKERNEL_TUNE", "0")
+    q, k, v, past = _inputs(cap_pad=16)  # cache with spare capacity is accepted
+    be = RecordingBackend()
+    status, out = hipkernel.attention(q, k, v, past_len=past, sink=np.zeros(4, np.float16), backend=be)
+    assert status == 0 and out.shape == q.shape and out.dtype == np.float16
+    launches = [c for c in be.calls if c[0] == "launch"]
+    assert len(launches) == 1
+    assert launches[0][1]["args"][8] == k.shape[2]  # S_cap passed through
+    allocs = sum(1 for c in be.calls if c[0] == "alloc")
+    frees = sum(1 for c in be.calls if c[0] == "free")
+    assert allocs == frees == 5  # q, k, v, sink, out: nothing leaks
+
+
+def test_v2_is_v3_without_sink_or_window(monkeypatch):
+    monkeypatch.setenv("HIPKERNEL_TUNE", "0")
+    be = RecordingBackend()
+    assert api.flash_prefill_v2(be, 0x100, 0x200, 0x300, 0x500, B=1, Sq=4, Hq=4, Hkv=2, d=64, S_cap=8, past_len=4) == 0
+    args = be.launches[0]["args"]
+    assert args[3] == 0 and args[10] == -1 and args[11] == 0
+
+
+@pytest.mark.parametrize("change, name", [
+    (dict(past_len=-1), "past_len"),
+    (dict(window=0), "window"),
+    (dict(window=-3), "window"),
+    (dict(scale=float("nan")), "scale"),
+    (dict(sink=np.zeros(3, np.float16)), "sink"),
+    (dict(out=np.zeros((1, 8, 4, 64), np.float32)), "out"),
+    (dict(out=np.zeros((1, 8, 4, 32), np.float16)), "out"),
+    (dict(config={"tiles": 2}), "config"),
+])
+def test_bad_arguments_raise_naming_them(change, name):
+    q, k, v, past = _inputs()
+    kw = dict(past_len=past, backend=RecordingBackend())
+    kw.update(change)
+    with pytest.raises(ValueError, match=f"^{name}"):
+        hipkernel.attention(q, k, v, **kw)
+
+
+def test_non_contiguous_rejected():
+    q, k, v, past = _inputs()
+    qt = np.asfortranarray(q)
+    with pytest.raises(ValueError, match="^q: expected a C-contiguous"):
+        hipkernel.attention(qt, k, v, past_len=past, backend=RecordingBackend())
+    with pytest.raises(ValueError, match="^k"):
+        hipkernel.attention(q, k[:, :, ::-1], v, past_len=past, backend=RecordingBackend())
+
+
+def test_hq_not_multiple_of_hkv_at_device_level():
+    with pytest.raises(ValueError, match="^Hkv"):
+        api.flash_prefill_v3(RecordingBackend(), 0x100, 0x200, 0x300, 0, 0x500, B=1, Sq=4, Hq=6, Hkv=4, d=64, S_cap=8, past_len=4)
+
+
+def test_no_backend_names_each_tried(monkeypatch):
+    """On this GPU-less machine a supported call must raise RuntimeError listing the backends."""
+    from hipkernel import backends
+
+    ok = [name for name, be, _ in backends.available_backends() if be is not None]
+    if ok:
+        pytest.skip(f"a GPU backend works here ({ok}); this test is for GPU-less machines")
+    q, k, v, past = _inputs()
+    with pytest.raises(RuntimeError) as e:
+        hipkernel.attention(q, k, v, past_len=past)
+    assert "cuda" in str(e.value) and "hip" in str(e.value)
+
+
+def test_source_hash_is_stable_and_inlines_headers():
+    src = api.kernel_source()
+    assert '#include "portable.h"' not in src and "gqa_flash_prefill" in src
+    assert api.source_hash() == api.source_hash() and len(api.source_hash()) == 64
+
+
+def test_misaligned_device_pointer_rejected():
+    with pytest.raises(ValueError, match="^k: device pointer"):
+        api.flash_prefill_v3(RecordingBackend(), 0x100, 0x208, 0x300, 0, 0x500, B=1, Sq=4, Hq=4, Hkv=2,
+                             d=64, S_cap=8, past_len=4)

@@ -1,0 +1,94 @@
+"""Autotune cache keys (DESIGN §3): one sweep per (d, sq, Hq, G, window, dtype, arch), never
+per skv; the window is in the key; tuning launches omit the sink."""
+
+import pytest
+
+from hipkernel import api
+from hipkernel.autotune import TUNER, Autotuner, tune_key
+from hipkernel.config import CANDIDATES, DEFAULT
+from tests.fake_backend import RecordingBackend
+
+# gpt-oss geometry
+GEOM = dict(B=1, Hq=64, Hkv=8, d=64)
+SINK_PTR = 0xBEE0  # a fake device pointer: must never reach a tuning launch
+
+
+@pytest.fixture(autouse=True)
+def fresh_tuner(monkeypatch):
+    monkeypatch.setenv("HIPKERNEL_TUNE", "1")
+    monkeypatch.delenv("HIPKERNEL_TUNE_DEBUG", raising=False)
+    TUNER.clear()
+    yield
+    TUNER.clear()
+
+
+def prefill_chunk(be, past_len, window=-1, sq=512, S_cap=16384):
+    return api.flash_prefill_v3(be, 0x100, 0x200, 0x300, SINK_PTR, 0x500, Sq=sq, S_cap=S_cap, past_len=past_len,
+                                window=window, sink_mode="per_head", **GEOM)
+
+
+def test_chunked_16k_prefill_sweeps_once():
+    fastest = CANDIDATES[-1]
+    be = RecordingBackend(times={(c.m_tiles, c.bkv): (0.5 if c == fastest else 2.0) for c in CANDIDATES})
+    for chunk in range(32):  # 32 chunks of 512 = 16384 tokens, skv grows every call
+        assert prefill_chunk(be, past_len=chunk * 512) == 0
+    assert TUNER.sweeps == 1
+    tuning = [l for l in be.launches if l["tuning"]]
+    real = [l for l in be.launches if not l["tuning"]]
+    assert len(tuning) == len(CANDIDATES)
+    assert len(real) == 32
+    assert all(l["kernel"]["M_TILES"] == fastest.m_tiles and l["kernel"]["BKV"] == fastest.bkv for l in real)
+
+
+def test_window_change_triggers_new_sweep():
+    be = RecordingBackend()
+    prefill_chunk(be, 0, window=-1)
+    prefill_chunk(be, 512, window=-1)
+    prefill_chunk(be, 512, window=128)
+    prefill_chunk(be, 8192, window=128)
+    assert TUNER.sweeps == 2
+    prefill_chunk(be, 0, window=100)
+    assert TUNER.sweeps == 3
+
+
+def test_sink_absent_from_tuning_launches():
+    be = RecordingBackend()
+    prefill_chunk(be, 1024)
+    tuning = [l for l in be.launches if l["tuning"]]
+    real = [l for l in be.launches if not l["tuning"]]
+    assert tuning and real
+    # args: q, k, v, sink, out, Sq, Hq, Hkv, S_cap, past_len, window, sink_mode, scale
+    assert all(l["args"][3] == 0 and l["args"][11] == 0 for l in tuning)
+    assert real[0]["args"][3] == SINK_PTR and real[0]["args"][11] == 1
+
+
+def test_tune_disabled_uses_default(monkeypatch):
+    monkeypatch.setenv("HIPKERNEL_TUNE", "0")
+    be = RecordingBackend()
+    prefill_chunk(be, 0)
+    assert TUNER.sweeps == 0
+    assert not any(l["tuning"] for l in be.launches)
+    k = be.launches[0]["kernel"]
+    assert (k["M_TILES"], k["BKV"]) == (DEFAULT.m_tiles, DEFAULT.bkv)
+
+
+def test_debug_logs_each_candidate(monkeypatch):
+    monkeypatch.setenv("HIPKERNEL_TUNE_DEBUG", "1")
+    lines = []
+    t = Autotuner(log=lines.append)
+    t.choose(("k",), lambda cfg: [1.0 + cfg.m_tiles])
+    assert sum(cfg.name in l for cfg in CANDIDATES for l in lines) >= len(CANDIDATES)
+    assert any("chose" in l for l in lines)
+
+
+def test_key_ignores_skv_and_includes_window():
+    a = tune_key(d=64, sq=512, Hq=64, G=8, window=-1, dtype="fp16", arch="sm_90")
+    b = tune_key(d=64, sq=512, Hq=64, G=8, window=128, dtype="fp16", arch="sm_90")
+    assert a != b and len(a) == 7
+
+
+def test_explicit_config_skips_tuning():
+    be = RecordingBackend()
+    api.flash_prefill_v3(be, 0x100, 0x200, 0x300, 0, 0x500, Sq=512, S_cap=1024, past_len=512, config={"bkv": 32}, **GEOM)
+    assert TUNER.sweeps == 0
+    assert be.launches[0]["kernel"]["BKV"] == 32

@@ -1,0 +1,588 @@
+"""The GPU backends' shared machinery, on the CPU, and the real backends where a GPU exists.
+
+CPU tests use ``HostBackend``: a Backend whose "device" is host memory and whose "compiler"
+is a counter, so the compile cache (keys, in-process and disk hits, corrupt entries), the
+argument packing, the copy bounds and the event timing are tested without a driver. Each
+real backend's ``_check`` is tested on fake error tuples. GPU tests (marker ``gpu``) compile,
+launch and time a vector add on every backend that works, and are skipped with the
+backend's reason elsewhere.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import types
+
+import numpy as np
+import pytest
+
+import hipkernel.backends as backends
+from hipkernel.backends import (Backend, BackendError, BackendUnavailable, CompileError,
+                                CompileResult, DevicePtr, KernelArgs, define_flags, median)
+from hipkernel.backends import cuda as cuda_be
+from hipkernel.backends import hip as hip_be
+from hipkernel.backends._cache import MAGIC, DiskCache, cache_key
+
+# --------------------------------------------------------------------------- a host "device"
+
+
+class HostBackend(Backend):
+    """A Backend on host memory with a fake compiler that counts its calls."""
+
+    name = "host"
+    arch = "host_arch"
+    device_name = "host memory"
+    compiler_version = "fake-cc 1.0"
+
+    def __init__(self, cache, reject_binaries=()):
+        super().__init__(cache)
+        self.compile_calls = []
+        self.launches = []
+        self.reject_binaries = set(reject_binaries)
+        self._bufs = {}
+        self.clock = 0.0
+
+    def _compile_options(self, defines, include_dirs):
+        return ["--arch=host", *define_flags(defines), *[f"-I{d}" for d in include_dirs]]
+
+    def _compile(self, source, defines, include_dirs):
+        self.compile_calls.append((source, dict(defines)))
+        return CompileResult(log="fake log", binary=b"BIN:" + source.encode(), regs=42,
+                             spills=0, smem=128, target=self.arch, kind="fake",
+                             details={"regs": 42})
+
+    def _load(self, binary):
+        if binary in self.reject_binaries:
+            raise BackendError(self.name, "load", 200, "ERROR_INVALID_IMAGE")
+        return {"binary": binary}
+
+    def _get_function(self, module, kernel_name):
+        return (module["binary"], kernel_name)
+
+    def _launch(self, function, grid, block, shared_mem, params_address):
+        self.launches.append((function, grid, block, shared_mem, params_address))
+        self.clock += 1.5  # each launch "takes" 1.5 ms
+
+    def _alloc(self, nbytes):
+        buf = ctypes.create_string_buffer(nbytes)
+        self._bufs[ctypes.addressof(buf)] = buf
+        return ctypes.addressof(buf)
+
+    def _free(self, address):
+        del self._bufs[address]
+
+    def _htod(self, address, host_address, nbytes):
+        ctypes.memmove(address, host_address, nbytes)
+
+    def _dtoh(self, host_address, address, nbytes):
+        ctypes.memmove(host_address, address, nbytes)
+
+    def _memset(self, address, byte, nbytes):
+        ctypes.memset(address, byte, nbytes)
+
+    def _synchronize(self):
+        pass
+
+    def _event_create(self):
+        return {"t": None}
+
+    def _event_record(self, event):
+        event["t"] = self.clock
+
+    def _event_elapsed_ms(self, start, end):
+        return end["t"] - start["t"]
+
+    def _event_destroy(self, event):
+        event["t"] = "destroyed"
+
+
+@pytest.fixture
+def cache_dir(tmp_path):
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def host(cache_dir):
+    return HostBackend(DiskCache(cache_dir, enabled=True))
+
+
+SRC = "extern \"C\" __global__ void k(float* p) { p[0] = SCALE; }\n"
+
+
+# --------------------------------------------------------------------------- cache keys
+
+def _key(**over):
+    parts = dict(source=SRC, options=["-DSCALE=2", "--arch=x"], arch="sm_90", backend="cuda",
+                 compiler_version="nvrtc 13.0")
+    parts.update(over)
+    return cache_key(**parts)
+
+
+def test_cache_key_is_stable_and_ignores_option_order():
+    assert _key() == _key()
+    assert _key() == _key(options=["--arch=x", "-DSCALE=2"])
+    assert len(_key()) == 64
+
+
+@pytest.mark.parametrize("change", [
+    dict(source=SRC + "// edited\n"),
+    dict(options=["-DSCALE=3", "--arch=x"]),
+    dict(arch="sm_80"),
+    dict(backend="hip"),
+    dict(compiler_version="nvrtc 13.1"),
+], ids=["source", "defines", "arch", "backend", "compiler"])
+def test_cache_key_changes_with_each_input(change):
+    assert _key(**change) != _key()
+
+
+def test_cache_key_follows_header_contents(tmp_path):
+    (tmp_path / "portable.h").write_text("#define A 1\n")
+    before = _key(include_dirs=[tmp_path])
+    assert before == _key(include_dirs=[tmp_path])
+    (tmp_path / "portable.h").write_text("#define A 2\n")
+    assert _key(include_dirs=[tmp_path]) != before
+
+
+def test_backend_key_changes_with_defines(host):
+    a = host.compile(SRC, {"SCALE": 2}, "k")
+    b = host.compile(SRC, {"SCALE": 3}, "k")
+    assert a.key != b.key
+    assert host.compile_calls == [(SRC, {"SCALE": 2}), (SRC, {"SCALE": 3})]
+
+
+# --------------------------------------------------------------------------- compile cache
+
+def test_second_compile_is_an_in_process_hit(host):
+    k1 = host.compile(SRC, {"SCALE": 2}, "k")
+    k2 = host.compile(SRC, {"SCALE": 2}, "k")
+    assert k1 is k2
+    assert host.compiles == 1
+    assert k1.info.regs == 42 and k1.info.binary == b""  # info without the binary
+    assert not k1.from_disk
+
+
+def test_second_process_hits_disk_and_does_not_compile(cache_dir):
+    first = HostBackend(DiskCache(cache_dir, enabled=True))
+    k1 = first.compile(SRC, {"SCALE": 2}, "k")
+    assert first.compiles == 1
+    assert list(cache_dir.glob("*.bin")) == [cache_dir / f"{k1.key}.bin"]
+
+    second = HostBackend(DiskCache(cache_dir, enabled=True))  # a new process, same disk
+    k2 = second.compile(SRC, {"SCALE": 2}, "k")
+    assert second.compiles == 0 and second.compile_calls == []
+    assert k2.from_disk and k2.key == k1.key
+    assert k2.function == (b"BIN:" + SRC.encode(), "k")
+    assert (k2.info.regs, k2.info.smem, k2.info.log) == (42, 128, "fake log")
+
+
+def test_two_kernels_of_one_module_compile_once(host):
+    host.compile(SRC, {}, "k")
+    host.compile(SRC, {}, "other")
+    assert host.compiles == 1
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "empty", "bad_payload"])
+def test_corrupt_entry_is_recompiled(cache_dir, damage):
+    k = HostBackend(DiskCache(cache_dir, enabled=True)).compile(SRC, {}, "k")
+    path = cache_dir / f"{k.key}.bin"
+    blob = path.read_bytes()
+    if damage == "garbage":
+        path.write_bytes(b"\x00garbage" * 10)
+    elif damage == "truncated":
+        path.write_bytes(blob[: len(blob) // 2])
+    elif damage == "empty":
+        path.write_bytes(b"")
+    else:  # checksum right, content not a CompileResult
+        import hashlib
+
+        payload = b"\xff\xff\xff\xffnot json"
+        path.write_bytes(MAGIC + hashlib.sha256(payload).digest() + payload)
+
+    be = HostBackend(DiskCache(cache_dir, enabled=True))
+    k2 = be.compile(SRC, {}, "k")
+    assert be.compiles == 1 and not k2.from_disk
+    assert path.read_bytes() == blob  # rewritten whole
+
+    again = HostBackend(DiskCache(cache_dir, enabled=True))
+    assert again.compile(SRC, {}, "k").from_disk and again.compiles == 0
+
+
+def test_unreadable_entry_does_not_crash(cache_dir):
+    k = HostBackend(DiskCache(cache_dir, enabled=True)).compile(SRC, {}, "k")
+    path = cache_dir / f"{k.key}.bin"
+    path.unlink()
+    path.mkdir()  # reading it fails, and so does replacing it
+    be = HostBackend(DiskCache(cache_dir, enabled=True))
+    assert not be.compile(SRC, {}, "k").from_disk
+    assert be.compiles == 1
+
+
+def test_unwritable_cache_dir_does_not_crash(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    be = HostBackend(DiskCache(blocker / "cache", enabled=True))
+    be.compile(SRC, {}, "k")
+    assert be.compiles == 1
+
+
+def test_disk_binary_the_loader_rejects_is_recompiled(cache_dir):
+    HostBackend(DiskCache(cache_dir, enabled=True)).compile(SRC, {}, "k")
+    stale = b"BIN:" + SRC.encode()
+    be = HostBackend(DiskCache(cache_dir, enabled=True), reject_binaries={stale})
+    with pytest.raises(BackendError, match="ERROR_INVALID_IMAGE"):
+        be.compile(SRC, {}, "k")  # recompiled once, rejected again: the error surfaces
+    assert be.compiles == 1
+
+
+def test_disk_cache_disabled_by_environment(cache_dir, monkeypatch):
+    monkeypatch.setenv("HIPKERNEL_CACHE", "0")
+    HostBackend(DiskCache(cache_dir)).compile(SRC, {}, "k")
+    be = HostBackend(DiskCache(cache_dir))
+    be.compile(SRC, {}, "k")
+    assert be.compiles == 1 and not cache_dir.exists()
+
+
+def test_cache_dir_from_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("HIPKERNEL_CACHE_DIR", str(tmp_path / "elsewhere"))
+    assert DiskCache().directory == tmp_path / "elsewhere"
+
+
+def test_store_is_atomic_and_leaves_no_temporaries(cache_dir):
+    dc = DiskCache(cache_dir, enabled=True)
+    dc.store("ab" * 32, b"payload")
+    assert [p.name for p in cache_dir.iterdir()] == ["ab" * 32 + ".bin"]
+    assert dc.load("ab" * 32) == b"payload"
+    assert dc.load("cd" * 32) is None
+
+
+def test_compile_result_round_trips():
+    r = CompileResult(log="l", binary=b"\x7fELF\x00", regs=1, spills=2, smem=3, target="t",
+                      kind="cubin", details={"stack": 4})
+    assert CompileResult.from_bytes(r.to_bytes()) == r
+
+
+# --------------------------------------------------------------------------- defines + args
+
+def test_define_flags_are_sorted_and_validated():
+    assert define_flags({"M_TILES": 4, "HEAD_DIM": 64, "X": True, "Y": None, "Z": False}) == [
+        "-DHEAD_DIM=64", "-DM_TILES=4", "-DX=1"]
+    with pytest.raises(ValueError, match="macro name"):
+        define_flags({"1BAD": 1})
+    with pytest.raises(ValueError, match="single token"):
+        define_flags({"A": "x y"})
+    with pytest.raises(ValueError, match="not finite"):
+        define_flags({"A": float("nan")})
+
+
+def _read_params(address, ctypes_list):
+    ptrs = (ctypes.c_void_p * len(ctypes_list)).from_address(address)
+    return [ct.from_address(ptrs[i]).value for i, ct in enumerate(ctypes_list)]
+
+
+def test_kernel_args_pack_declared_widths():
+    ptr = DevicePtr(0x7F0000001000, 64, None)
+    spec = [(ctypes.c_void_p, ptr), (ctypes.c_void_p, 0), (ctypes.c_void_p, None),
+            (ctypes.c_int32, -5), (ctypes.c_int32, 2 ** 31 - 1), (ctypes.c_float, 0.125),
+            (ctypes.c_int64, 2 ** 40), (ctypes.c_uint32, 7)]
+    args = KernelArgs(spec)
+    assert len(args) == 8 and args.address
+    got = _read_params(args.address, [t for t, _ in spec])
+    assert got == [0x7F0000001000, None, None, -5, 2 ** 31 - 1, 0.125, 2 ** 40, 7]
+
+
+@pytest.mark.parametrize("spec, exc, match", [
+    ([(ctypes.c_int32, 2 ** 31)], ValueError, "does not fit c_int"),
+    ([(ctypes.c_uint32, -1)], ValueError, "does not fit c_uint"),
+    ([(ctypes.c_int32, 1.5)], TypeError, "needs an int"),
+    ([(ctypes.c_int32, True)], TypeError, "needs an int"),
+    ([(ctypes.c_float, "1")], TypeError, "needs a real"),
+    ([(ctypes.c_void_p, -1)], ValueError, "out of range"),
+    ([(ctypes.c_char_p, b"x")], TypeError, "unsupported argument type"),
+    ([(ctypes.c_int32,)], TypeError, "pair"),
+])
+def test_kernel_args_reject_what_would_wrap(spec, exc, match):
+    with pytest.raises(exc, match=match):
+        KernelArgs(spec)
+
+
+def test_no_args_is_a_null_array():
+    assert KernelArgs([]).address == 0
+
+
+# --------------------------------------------------------------------------- memory, launch, timing
+
+def test_memory_round_trip_and_bounds(host):
+    a = np.arange(16, dtype=np.float32)
+    p = host.alloc(a.nbytes)
+    assert isinstance(p, int) and p.nbytes == 64 and bool(p)
+    host.htod(p, a)
+    out = np.zeros_like(a)
+    host.dtoh(out, p)
+    np.testing.assert_array_equal(out, a)
+    host.memset(p, 0, 32)
+    host.dtoh(out, p)
+    np.testing.assert_array_equal(out[:8], 0)
+    with pytest.raises(ValueError, match="do not fit"):
+        host.htod(p, np.zeros(17, np.float32))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        host.htod(p, np.zeros((4, 4), np.float32)[:, ::2])
+    with pytest.raises(ValueError, match="read-only"):
+        ro = np.zeros(4, np.float32)
+        ro.flags.writeable = False
+        host.dtoh(ro, p)
+    with pytest.raises(ValueError, match="null"):
+        host.htod(0, a)
+    p.free()
+    with pytest.raises(ValueError, match="not a live allocation"):
+        host.free(p)
+
+
+def test_launch_checks_geometry_and_passes_packed_args(host):
+    kern = host.compile(SRC, {}, "k")
+    host.launch(kern, (3, 2), 128, [(ctypes.c_int32, 9), (ctypes.c_float, 2.0)])
+    function, grid, block, shmem, address = host.launches[-1]
+    assert function == kern.function and grid == (3, 2, 1) and block == (128, 1, 1)
+    assert shmem == 0 and address
+    for bad_grid, bad_block in [((0, 1, 1), (32,)), ((1,), (2048,)), ((1, 1, 1, 1), (32,)),
+                                ((1.0,), (32,))]:
+        with pytest.raises(ValueError):
+            host.launch(kern, bad_grid, bad_block, [])
+
+
+def test_time_ms_uses_events_around_each_call(host):
+    kern = host.compile(SRC, {}, "k")
+    times = host.time_ms(lambda: host.launch(kern, 1, 32, []), warmup=2, reps=5)
+    assert times == [1.5] * 5 and median(times) == 1.5
+    assert len(host.launches) == 7  # warmup included
+
+
+# --------------------------------------------------------------------------- error decoding
+
+class FakeEnum(int):
+    """An error code as the bindings return it: an int with a ``name``."""
+
+    def __new__(cls, value, name):
+        self = super().__new__(cls, value)
+        self.name = name
+        return self
+
+
+def test_cuda_check_decodes_driver_errors(monkeypatch):
+    fake_driver = types.SimpleNamespace(
+        cuGetErrorName=lambda err: (FakeEnum(0, "CUDA_SUCCESS"), b"CUDA_ERROR_OUT_OF_MEMORY"))
+    monkeypatch.setattr(cuda_be, "driver", fake_driver)
+    assert cuda_be._check((FakeEnum(0, "CUDA_SUCCESS"), 1234), "cuMemAlloc") == 1234
+    assert cuda_be._check((FakeEnum(0, "CUDA_SUCCESS"), 1, 2), "cuX") == (1, 2)
+    assert cuda_be._check((FakeEnum(0, "CUDA_SUCCESS"),), "cuX") is None
+    with pytest.raises(BackendError) as e:
+        cuda_be._check((FakeEnum(2, "CUDA_ERROR_OUT_OF_MEMORY"),), "cuMemAlloc")
+    assert not isinstance(e.value, CompileError)
+    assert e.value.error_name == "CUDA_ERROR_OUT_OF_MEMORY" and e.value.code == 2
+    assert str(e.value) == "cuda: cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY (2)"
+
+
+def test_cuda_check_falls_back_to_the_enum_name(monkeypatch):
+    def broken(err):
+        raise RuntimeError("driver library not loadable")
+
+    monkeypatch.setattr(cuda_be, "driver", types.SimpleNamespace(cuGetErrorName=broken))
+    with pytest.raises(BackendError, match=r"CUDA_ERROR_INVALID_IMAGE \(200\)"):
+        cuda_be._check((FakeEnum(200, "CUDA_ERROR_INVALID_IMAGE"),), "cuModuleLoadData")
+
+
+def test_cuda_check_carries_the_whole_compile_log(monkeypatch):
+    nvrtcResult = type("nvrtcResult", (FakeEnum,), {})
+    monkeypatch.setattr(cuda_be, "nvrtc", types.SimpleNamespace(
+        nvrtcGetErrorString=lambda err: (nvrtcResult(0, "NVRTC_SUCCESS"),
+                                         b"NVRTC_ERROR_COMPILATION\0junk")))
+    log = "k.hip(3): error: identifier \"x\" is undefined\n" + "\n".join(
+        f"line {i}" for i in range(200)) + "\n1 error detected"
+    with pytest.raises(CompileError) as e:
+        cuda_be._check((nvrtcResult(6, "NVRTC_ERROR_COMPILATION"),), "nvrtcCompileProgram", log=log)
+    assert e.value.error_name == "NVRTC_ERROR_COMPILATION"
+    assert e.value.log == log and log in str(e.value)  # whole, not truncated
+
+
+def test_hip_check_decodes_both_hip_python_conventions(monkeypatch):
+    hiprtcResult = type("hiprtcResult", (FakeEnum,), {})
+    monkeypatch.setattr(hip_be, "hip", types.SimpleNamespace(
+        hipGetErrorName=lambda err: (FakeEnum(0, "hipSuccess"), b"hipErrorOutOfMemory")))
+    with pytest.raises(BackendError, match=r"hip: hipMalloc failed: hipErrorOutOfMemory \(2\)"):
+        hip_be._check((FakeEnum(2, "hipErrorOutOfMemory"),), "hipMalloc")
+    assert hip_be._check((FakeEnum(0, "hipSuccess"), "module"), "hipModuleLoadData") == "module"
+
+    # hip-python >= 10: (HIPRTC_SUCCESS, text); 6.x: (text,)
+    for reply in [(hiprtcResult(0, "HIPRTC_SUCCESS"), "HIPRTC_ERROR_COMPILATION"),
+                  ("HIPRTC_ERROR_COMPILATION",)]:
+        monkeypatch.setattr(hip_be, "hiprtc", types.SimpleNamespace(
+            hiprtcGetErrorString=lambda err, reply=reply: reply))
+        with pytest.raises(CompileError) as e:
+            hip_be._check((hiprtcResult(6, "HIPRTC_ERROR_COMPILATION"),), "hiprtcCompileProgram",
+                          log="k.hip:1:1: error: boom")
+        assert e.value.error_name == "HIPRTC_ERROR_COMPILATION"
+        assert "k.hip:1:1: error: boom" in str(e.value)
+
+
+def test_real_bindings_decode_real_codes():
+    """With the real enums: the names come out whether or not a driver is loadable."""
+    if cuda_be.nvrtc is not None:
+        with pytest.raises(CompileError, match="NVRTC_ERROR_COMPILATION"):
+            cuda_be._check((cuda_be.nvrtc.nvrtcResult.NVRTC_ERROR_COMPILATION,),
+                           "nvrtcCompileProgram", log="log")
+        with pytest.raises(BackendError, match="CUDA_ERROR_INVALID_VALUE"):
+            cuda_be._check((cuda_be.driver.CUresult.CUDA_ERROR_INVALID_VALUE,), "cuMemAlloc")
+    if hip_be.hip is not None:
+        with pytest.raises(BackendError, match="hipErrorInvalidValue"):
+            hip_be._check((hip_be.hip.hipError_t.hipErrorInvalidValue,), "hipMalloc")
+    if cuda_be.nvrtc is None and hip_be.hip is None:
+        pytest.skip("neither cuda-bindings nor hip-python is importable")
+
+
+# --------------------------------------------------------------------------- selection
+
+def test_available_backends_reports_a_reason_for_each():
+    found = backends.available_backends()
+    assert [name for name, _, _ in found] == ["cuda", "hip"]
+    for name, be, reason in found:
+        assert reason, name
+        if be is None:
+            assert ":" in reason  # "<ExceptionType>: why"
+        else:
+            assert be.name == name and be.arch in reason
+
+
+def test_get_backend_names_every_backend_tried(monkeypatch):
+    def fake_import(modname):
+        def create():
+            if modname.endswith(".cuda"):
+                raise BackendUnavailable("NVIDIA driver not loadable: libcuda.so.1 not found")
+            raise ImportError("No module named 'hip'")
+        return types.SimpleNamespace(create=create)
+
+    monkeypatch.setattr(backends, "_INSTANCES", {})
+    monkeypatch.setattr(backends.importlib, "import_module", fake_import)
+    monkeypatch.delenv("HIPKERNEL_BACKEND", raising=False)
+    with pytest.raises(RuntimeError) as e:
+        backends.get_backend()
+    msg = str(e.value)
+    assert "no GPU backend available" in msg
+    assert "cuda: BackendUnavailable: NVIDIA driver not loadable: libcuda.so.1 not found" in msg
+    assert "hip: ImportError: No module named 'hip'" in msg
+    with pytest.raises(RuntimeError) as e:
+        backends.get_backend("hip")
+    assert "hip: ImportError" in str(e.value) and "cuda:" not in str(e.value)
+    with pytest.raises(ValueError, match="unknown backend 'metal'"):
+        backends.get_backend("metal")
+
+
+def test_no_backend_here_says_why():
+    if any(be is not None for _, be, _ in backends.available_backends()):
+        pytest.skip("a GPU backend works on this machine")
+    with pytest.raises(RuntimeError, match=r"(?s)tried:.*cuda: .*hip: "):
+        backends.get_backend()
+
+
+def test_hip_shim_points_rocm_path_at_hiprtc(monkeypatch, tmp_path):
+    """With no ROCm configured, _ensure_rocm_path makes lib/libhiprtc.so + libamdhip64.so."""
+    libdir = tmp_path / "usr-lib"
+    libdir.mkdir()
+    (libdir / "libamdhip64.so.5").write_bytes(b"")
+    for var in ("ROCM_PATH", "ROCM_HOME", "HIPKERNEL_ROCM_SHIM"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HIPKERNEL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(hip_be, "_LIB_DIRS", (str(libdir),))
+    real_exists = os.path.exists
+    monkeypatch.setattr(hip_be.os.path, "exists",
+                        lambda p: False if str(p).startswith("/opt/rocm") else real_exists(p))
+    shim = hip_be._ensure_rocm_path()
+    assert shim == str(tmp_path / "cache" / "rocm-shim") == os.environ["ROCM_PATH"]
+    for name in ("libhiprtc.so", "libamdhip64.so"):
+        assert os.readlink(os.path.join(shim, "lib", name)) == str(libdir / "libamdhip64.so.5")
+    assert hip_be._ensure_rocm_path() == shim  # idempotent: ROCM_PATH now set
+
+
+# --------------------------------------------------------------------------- on a GPU
+
+VADD = r"""
+extern "C" __global__ void vadd(const float* a, const float* b, float* c, int n, float alpha) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) c[i] = a[i] + alpha * b[i] + OFFSET;
+}
+"""
+
+
+@pytest.fixture(params=backends.BACKEND_NAMES)
+def gpu(request):
+    be, reason = backends._try(request.param)
+    if be is None:
+        pytest.skip(f"{request.param} backend unavailable: {reason}")
+    return be
+
+
+def _vadd(be, kern, n=1000, alpha=0.5):
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+    bufs = [be.alloc(x.nbytes) for x in (a, b, a)]
+    try:
+        be.htod(bufs[0], a)
+        be.htod(bufs[1], b)
+        be.memset(bufs[2], 0xFF, a.nbytes)  # NaN canary
+        args = [(ctypes.c_void_p, bufs[0]), (ctypes.c_void_p, bufs[1]),
+                (ctypes.c_void_p, bufs[2]), (ctypes.c_int32, n), (ctypes.c_float, alpha)]
+        be.launch(kern, (-(-n // 256),), (256,), args)
+        be.synchronize()
+        c = np.empty_like(a)
+        be.dtoh(c, bufs[2])
+        return a, b, c, bufs, args
+    except BaseException:
+        for p in bufs:
+            p.free()
+        raise
+
+
+@pytest.mark.gpu
+def test_gpu_vector_add_compiles_launches_and_times(gpu, tmp_path):
+    be = type(gpu)(cache=DiskCache(tmp_path, enabled=True))
+    kern = be.compile(VADD, {"OFFSET": 1}, "vadd")
+    assert be.compiles == 1 and kern.info.regs is not None
+    a, b, c, bufs, args = _vadd(be, kern)
+    try:
+        np.testing.assert_allclose(c, a + 0.5 * b + 1, rtol=1e-6, atol=1e-6)
+        times = be.time_ms(lambda: be.launch(kern, (4,), (256,), args), warmup=2, reps=5)
+        assert len(times) == 5 and all(t > 0 for t in times) and median(times) < 100
+    finally:
+        for p in bufs:
+            p.free()
+
+    again = type(gpu)(cache=DiskCache(tmp_path, enabled=True))  # loads from disk
+    k2 = again.compile(VADD, {"OFFSET": 1}, "vadd")
+    assert k2.from_disk and again.compiles == 0
+    a, b, c, bufs, _ = _vadd(again, k2, n=77, alpha=-2.0)
+    for p in bufs:
+        p.free()
+    np.testing.assert_allclose(c, a - 2.0 * b + 1, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_gpu_compile_error_has_the_log(gpu, tmp_path):
+    be = type(gpu)(cache=DiskCache(tmp_path, enabled=True))
+    with pytest.raises(CompileError) as e:
+        be.compile(VADD.replace("OFFSET", "UNDEFINED_NAME"), {}, "vadd")
+    assert "UNDEFINED_NAME" in e.value.log and "UNDEFINED_NAME" in str(e.value)
+
+
+@pytest.mark.gpu
+def test_gpu_missing_kernel_name_is_a_decoded_error(gpu, tmp_path):
+    be = type(gpu)(cache=DiskCache(tmp_path, enabled=True))
+    with pytest.raises(BackendError, match=r"ModuleGetFunction failed: \w+"):
+        be.compile(VADD, {"OFFSET": 0}, "no_such_kernel")
+
+
+def test_errors_survive_a_process_boundary():
+    """hipkernel.build gets compile errors back from worker processes, log included."""
+    import pickle
+
+    e = CompileError("cuda", "nvrtcCompileProgram", 6, "NVRTC_ERROR_COMPILATION", "the log")
+    back = pickle.loads(pickle.dumps(e))
+    assert type(back) is CompileError and str(back) == str(e) and back.log == "the log"

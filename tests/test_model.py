@@ -1,0 +1,322 @@
+"""The CPU model of the fused kernel (hipkernel.model) against the fp64 reference, its NaN
+canaries, and its mutants.
+
+The model is the executable spec of gqa_flash_prefill.hip, so these tests pin down the
+algorithm the GPU kernel must follow: tiles, start-tile clamp, masks, NaN guard, sink
+epilogue. Inputs are fp16; the reference sees the same fp16 values in fp64.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hipkernel import model
+from hipkernel.config import CANDIDATES, DEFAULT, HEAD_DIMS, KernelConfig
+from refattn import reference
+from refattn.mutants import MUTANTS, by_name
+
+KERNEL_SOURCE = Path(model.__file__).parent / "kernels" / "gqa_flash_prefill.hip"
+REL_L2_GATE = 2e-3  # fp16 output rounding alone gives ~3e-4
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One model call: q (B, Sq, Hq, d), k/v (B, Hkv, S_cap, d) with NaN past skv."""
+
+    name: str
+    B: int = 1
+    Sq: int = 48
+    Hq: int = 4
+    Hkv: int = 2
+    d: int = 64
+    past: int = 0
+    window: int = -1
+    sink: str = "none"  # "none" | "per_head" | "smooth" | a float: every head's sink logit
+    config: KernelConfig = DEFAULT
+    pad: int = 40  # cache capacity past skv, filled with NaN
+    q_scale: float = 1.0  # > 1 makes the softmax peakier
+    seed: int = 0
+
+    @property
+    def skv(self) -> int:
+        return self.past + self.Sq
+
+
+def make(s: Shape):
+    """fp16 (q, k, v, sink) for ``s``; k and v carry NaN canaries in [skv, S_cap)."""
+    rng = np.random.default_rng(s.seed)
+    q = (rng.standard_normal((s.B, s.Sq, s.Hq, s.d)) * s.q_scale).astype(np.float16)
+    k = rng.standard_normal((s.B, s.Hkv, s.skv + s.pad, s.d)).astype(np.float16)
+    v = rng.standard_normal((s.B, s.Hkv, s.skv + s.pad, s.d)).astype(np.float16)
+    k[:, :, s.skv:] = np.nan
+    v[:, :, s.skv:] = np.nan
+    if s.sink == "per_head":
+        sink = (rng.standard_normal(s.Hq) * 2 + 1).astype(np.float16)
+    elif isinstance(s.sink, float):
+        sink = np.full(s.Hq, s.sink, np.float16)
+    else:
+        sink = None
+    return q, k, v, sink
+
+
+def kwargs(s: Shape, sink):
+    return dict(past_len=s.past, window=s.window, sink=sink, smooth_softmax=s.sink == "smooth")
+
+
+def run_model(s: Shape, mutants=frozenset()):
+    q, k, v, sink = make(s)
+    return model.attention(q, k, v, config=s.config, mutants=mutants, **kwargs(s, sink))
+
+
+def run_reference(s: Shape):
+    q, k, v, sink = make(s)
+    return reference.attention(q, k[:, :, :s.skv], v[:, :, :s.skv], dtype=np.float64,
+                               **kwargs(s, sink))
+
+
+def rel_l2(actual, expected) -> float:
+    a, e = actual.astype(np.float64), expected.astype(np.float64)
+    return float(np.linalg.norm(a - e) / max(np.linalg.norm(e), 1e-300))
+
+
+def assert_close(actual, expected, gate=REL_L2_GATE):
+    """NaN census first, then relL2, with the worst element decoded to (b, h, row, col)."""
+    __tracebackhide__ = True
+    assert actual.dtype == np.float16 and actual.shape == expected.shape
+    bad = ~np.isfinite(actual)
+    if bad.any():
+        b, i, h, c = (int(x) for x in np.argwhere(bad)[0])
+        pytest.fail(f"{int(bad.sum())} / {bad.size} non-finite outputs; first at "
+                    f"(b={b}, h={h}, row={i}, col={c}): {actual[b, i, h, c]}")
+    err = rel_l2(actual, expected)
+    if err > gate:
+        diff = np.abs(actual.astype(np.float64) - expected)
+        b, i, h, c = np.unravel_index(int(np.argmax(diff)), diff.shape)
+        pytest.fail(f"relL2 {err:.3g} > {gate:g}; max abs error {diff.max():.3g} at "
+                    f"(b={b}, h={h}, row={i}, col={c}): actual {actual[b, i, h, c]}, "
+                    f"expected {expected[b, i, h, c]:.6g}")
+
+
+def killed(actual, expected) -> bool:
+    """The mutant's output fails the gate the clean model passes."""
+    return bool((~np.isfinite(actual)).any()) or rel_l2(actual, expected) > REL_L2_GATE
+
+
+# ---- accuracy against the reference ----------------------------------------------------
+
+M4B32, M4B64 = KernelConfig(4, 32), KernelConfig(4, 64)
+SHAPES = [
+    Shape("prefill-nosink"),
+    Shape("prefill-sink", sink="per_head"),
+    Shape("prefill-smooth", sink="smooth"),
+    Shape("prefill-sink-dominates", sink=8.0),
+    Shape("prefill-sink-neginf", sink=float("-inf")),
+    Shape("past77-sq45-sink", Sq=45, past=77, sink="per_head"),
+    Shape("past77-sq45-smooth-peaky", Sq=45, past=77, sink="smooth", q_scale=4.0),
+    Shape("w1-past30", Sq=40, past=30, window=1, sink="per_head"),
+    Shape("w37-past100", Sq=70, past=100, window=37, sink="per_head"),
+    Shape("w100-b32-crosses-tiles", Sq=80, past=300, window=100, config=M4B32, sink="per_head"),
+    Shape("w100-b64-crosses-tiles", Sq=80, past=300, window=100, config=M4B64, sink="smooth"),
+    Shape("w8-bm64-b32-rows-see-nothing-early", Sq=64, window=8, config=M4B32),
+    Shape("w-eq-skv", Sq=40, past=20, window=60, sink="smooth"),
+    Shape("w-gt-skv", Sq=40, past=20, window=1000, sink="smooth"),
+    Shape("w128-past1000-skips-tiles", Sq=64, past=1000, window=128, sink="per_head"),
+    Shape("g1", Sq=33, Hq=3, Hkv=3, past=10, sink="per_head"),
+    Shape("g-eq-hq", Sq=33, Hq=4, Hkv=1, past=10, window=16, sink="per_head"),
+    Shape("batch2", B=2, Sq=50, past=60, window=24, sink="per_head"),
+    Shape("d128-past77-w50-sink", d=128, Sq=45, past=77, window=50, sink="per_head"),
+    Shape("d128-prefill-smooth", d=128, Sq=40, sink="smooth"),
+] + [
+    Shape(f"{cfg.name}-d{d}-past77-sq45-w50-sink", d=d, Sq=45, past=77, window=50,
+          sink="per_head", config=cfg)
+    for cfg in CANDIDATES for d in HEAD_DIMS
+]
+
+
+@pytest.mark.parametrize("s", SHAPES, ids=lambda s: s.name)
+def test_model_matches_reference(s):
+    assert_close(run_model(s), run_reference(s))
+
+
+def test_window_at_least_skv_is_full_causal():
+    s = Shape("w", Sq=40, past=20, window=60, sink="per_head")
+    assert np.array_equal(run_model(s), run_model(replace(s, window=-1)))
+
+
+# ---- NaN canaries: storage no row may see never reaches the output ---------------------
+
+@pytest.mark.parametrize("cfg", CANDIDATES, ids=lambda c: c.name)
+def test_unseen_storage_cannot_change_output(cfg):
+    """Cache padding past skv and keys below every row's window hold NaN in one run and
+    large finite garbage in the other; the outputs must be bitwise equal."""
+    s = Shape("canary", Sq=70, past=100, window=20, sink="per_head", config=cfg)
+    q, k, v, sink = make(s)
+    lowest = s.past - s.window + 1  # the first key any row can see
+    assert lowest > 0
+    outs = []
+    for fill in (np.nan, 3e4):
+        kk, vv = k.copy(), v.copy()
+        for x in (kk, vv):
+            x[:, :, :lowest] = fill
+            x[:, :, s.skv:] = fill
+        outs.append(model.attention(q, kk, vv, config=cfg, **kwargs(s, sink)))
+    assert not np.isnan(outs[0]).any()
+    assert np.array_equal(outs[0], outs[1])
+
+
+# ---- mutants -----------------------------------------------------------------------------
+
+# One purpose-built shape per mutant, on which the clean model passes and the mutant fails.
+KILLERS = {
+    # rows 40..63 of a 64-row Q tile see nothing in KV tile 0 while m = -inf
+    "no_nan_guard": Shape("k", Sq=64, window=8, config=M4B32),
+    "clamp_plus_one_tile": Shape("k", Sq=40, config=M4B32),
+    # Q tile rows 100..163, W = 40: the first row needs tile 1, the last row's start is tile 3
+    "clamp_from_last_row": Shape("k", Sq=64, past=100, window=40, config=M4B32),
+    "window_mask_off_by_one": Shape("k", Sq=40, past=30, window=4),
+    "sink_ignored": Shape("k", Sq=16, sink="per_head"),
+    "sink_no_log2e": Shape("k", Sq=16, sink="per_head"),
+    # 4 KV tiles walked: the sink term counted 4 times
+    "sink_per_tile": Shape("k", Sq=32, past=96, sink=3.0, config=M4B32),
+    "smooth_ignored": Shape("k", Sq=16, sink="smooth", q_scale=0.25),
+    "past_len_ignored": Shape("k", Sq=32, past=50),
+    "gqa_modulo": Shape("k", Sq=32, Hq=4, Hkv=2),
+    # skv = 40: the last KV tile [32, 64) reads the NaN canaries at [40, 64)
+    "tail_unmasked": Shape("k", Sq=40, pad=24, config=M4B32),
+    "sink_unshifted": Shape("k", Sq=16, sink="per_head"),
+}
+SINK_MAX_SKIPPED_WHY = (
+    "equivalent at fp16 output: m_fin = m differs from max(m, sig2) only by a common factor "
+    "of acc and l unless exp2(sig2 - m) overflows fp32 (sig2 - m >= 128); then the correct "
+    "output is at most max|v| * n_keys * 2^(m - sig2) <= 2^16 * n_keys * 2^-128, far below "
+    "fp16's smallest subnormal 2^-24, so both round to 0"
+)
+
+
+def test_every_mutant_has_a_killer():
+    equivalent = {m.name for m in MUTANTS if m.equivalent}
+    assert equivalent == {"sink_max_skipped"}
+    assert set(KILLERS) | equivalent == {m.name for m in MUTANTS}
+
+
+@pytest.mark.parametrize("name", [m.name for m in MUTANTS if m.name in KILLERS])
+def test_mutant_is_killed(name):
+    s = KILLERS[name]
+    expected = run_reference(s)
+    assert_close(run_model(s), expected)
+    assert killed(run_model(s, mutants={name}), expected), f"{name} survives {s}"
+
+
+@pytest.mark.xfail(strict=True, reason=SINK_MAX_SKIPPED_WHY)
+def test_sink_max_skipped_is_killed():
+    """Try to make the overflow visible: huge sinks, and (smooth softmax, sigma = 0) very
+    negative logits. The mutant must differ from the clean model by more than 1 fp16 ulp."""
+    shapes = [Shape("k", Sq=16, sink=x) for x in (60.0, 88.0, 100.0, 1000.0, 60000.0)]
+    shapes.append(Shape("k", Sq=16, sink="smooth"))
+    for s in shapes:
+        q, k, v, sink = make(s)
+        scales = [None] if s.sink != "smooth" else [100.0, 1000.0]
+        for scale in scales:
+            kw = dict(kwargs(s, sink), scale=scale)
+            clean = model.attention(q, k, v, config=s.config, **kw)
+            mut = model.attention(q, k, v, config=s.config, mutants={"sink_max_skipped"}, **kw)
+            if np.isnan(mut).any():
+                return
+            ulp = np.spacing(np.abs(clean.astype(np.float32)).astype(np.float16)).astype(np.float32)
+            if (np.abs(mut.astype(np.float32) - clean.astype(np.float32)) > ulp).any():
+                return
+    pytest.fail("sink_max_skipped survives every shape tried")
+
+
+def test_mutant_macros_are_wired_into_the_kernel():
+    """Each mutant's macro is tested in the HIP source, and nothing else is."""
+    src = KERNEL_SOURCE.read_text()
+    used = set(re.findall(r"\b(HIPKERNEL_MUTANT_[A-Z0-9_]+)\b", src))
+    assert used == {m.macro for m in MUTANTS}
+
+
+def test_mutant_catalogue():
+    assert [m.name for m in MUTANTS][:3] == ["no_nan_guard", "clamp_plus_one_tile", "clamp_from_last_row"]
+    assert by_name("gqa_modulo").macro == "HIPKERNEL_MUTANT_GQA_MODULO"
+    assert all(m.breaks and "\n" not in m.breaks for m in MUTANTS)
+    with pytest.raises(ValueError, match="^mutant"):
+        by_name("no_such_bug")
+
+
+# ---- argument errors ---------------------------------------------------------------------
+
+def _call(**over):
+    s = Shape("args", Sq=16, sink="per_head")
+    q, k, v, sink = make(s)
+    args = dict(q=q, k=k, v=v, sink=sink, past_len=0)
+    args.update(over)
+    q, k, v = args.pop("q"), args.pop("k"), args.pop("v")
+    return model.attention(q, k, v, **args)
+
+
+@pytest.mark.parametrize("arg", ["q", "k", "v", "sink"])
+def test_non_fp16_input_is_rejected(arg):
+    s = Shape("args", Sq=16, sink="per_head")
+    q, k, v, sink = make(s)
+    bad = dict(q=q, k=k, v=v, sink=sink)[arg].astype(np.float32)
+    with pytest.raises(ValueError, match=f"^{arg}"):
+        _call(**{arg: bad})
+
+
+@pytest.mark.parametrize("mutants, pattern", [
+    ({"no_such_bug"}, "no_such_bug"),
+    ("no_nan_guard", "set of mutant names"),
+])
+def test_bad_mutants_are_rejected(mutants, pattern):
+    with pytest.raises(ValueError, match=f"^mutants.*{pattern}"):
+        _call(mutants=mutants)
+
+
+def test_what_the_kernel_declines_is_rejected():
+    with pytest.raises(ValueError, match="^softcap"):
+        _call(softcap=30.0)
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, 8, 2, 32)).astype(np.float16)
+    k = rng.standard_normal((1, 1, 8, 32)).astype(np.float16)
+    with pytest.raises(ValueError, match="^q: head dim 32"):
+        model.attention(q, k, k, past_len=0)
+    with pytest.raises(ValueError, match="^config"):
+        _call(config=(4, 64))
+
+
+def test_shared_argument_checks_apply():
+    with pytest.raises(ValueError, match="^window"):
+        _call(window=0)
+    with pytest.raises(ValueError, match="^past_len"):
+        _call(past_len=1000)  # the cache holds fewer keys
+
+
+# ---- configs -----------------------------------------------------------------------------
+
+def test_config_geometry():
+    c = KernelConfig(4, 64)
+    assert (c.block_rows, c.threads, c.name) == (64, 128, "m4_b64")
+    assert c.grid(Sq=65, Hq=64, B=2) == (2, 64, 2)
+    assert c.defines(128) == {"HEAD_DIM": 128, "M_TILES": 4, "BKV": 64}
+    assert all(cfg.smem_bytes(d) <= 48 * 1024 for cfg in CANDIDATES for d in HEAD_DIMS)
+
+
+@pytest.mark.parametrize("args, field", [((3, 64), "m_tiles"), ((4, 48), "bkv"),
+                                         ((True, 64), "m_tiles")])
+def test_config_validation(args, field):
+    with pytest.raises(ValueError, match=f"^{field}"):
+        KernelConfig(*args)
+
+
+def test_config_rejects_bad_head_dim_and_grid():
+    with pytest.raises(ValueError, match="^d:"):
+        DEFAULT.defines(96)
+    with pytest.raises(ValueError, match="^bkv"):
+        KernelConfig(8, 128).defines(128)  # 64 KiB of shared memory
+    with pytest.raises(ValueError, match="^Sq"):
+        DEFAULT.grid(0, 4, 1)

@@ -1,0 +1,210 @@
+"""The runner's verdicts on kernels with known behaviour, the reference cache, the registry."""
+
+import json
+
+import numpy as np
+import pytest
+
+from refattn import kernels as K
+from refattn.cases import Case
+from refattn.runner import ReferenceCache, run_case, run_matrix
+from tests import helpers_kernels as H
+
+
+def _case(name="t-sink", **kw):
+    base = dict(name=name, Hq=4, Hkv=2, d=16, sq=40, past_len=24, sink="per_head", why="test")
+    base.update(kw)
+    return Case(**base)
+
+
+SINK = _case()
+PLAIN = _case("t-plain", sink="none", window=9)
+BF16 = _case("t-bf16", dtype="bf16")
+
+
+# ------------------------------------------------------------------ verdicts
+
+def test_correct_kernel_passes_with_every_field_filled():
+    r = run_case(H.CorrectKernel(), SINK)
+    assert r.outcome == "pass" and r.acceptable and r.status == 0 and r.supported
+    assert 0 < r.rel_l2 <= r.gate and r.max_abs <= r.gate_max_abs
+    assert r.seed_gate_pass and r.baseline_rel_l2 > 0 and r.n_nan == 0
+    assert len(r.max_abs_at) == 4 and r.time_s >= 0 and r.note == ""
+    assert r.summary.startswith("PASS") and r.comparison.passed
+    assert r.params["describe"] == SINK.describe() and r.params["sink"] == "per_head"
+
+
+def test_ignoring_the_sink_fails_with_a_located_message():
+    r = run_case(H.WrongSinkKernel(), SINK)
+    assert r.outcome == "fail" and not r.acceptable
+    assert r.rel_l2 > r.gate
+    msg = r.failure_message()
+    assert "adhoc/t-sink" in msg and "Mismatched elements" in msg
+    assert "(b, h, row, col)" in msg and "relL2" in msg and "seed gate" in msg
+    # the same bug is invisible on a case without a sink: the case matrix must have one
+    assert run_case(H.WrongSinkKernel(), PLAIN).outcome == "pass"
+
+
+def test_reading_the_cache_padding_hits_the_nan_canaries():
+    r = run_case(H.TailReadingKernel(), SINK)
+    assert r.outcome == "fail" and r.n_nan > 0
+    assert "nan/inf location mismatch" in r.failure_message()
+
+
+def test_polite_decline_is_declined():
+    r = run_case(H.PoliteDecliner(), SINK)
+    assert r.outcome == "declined" and r.acceptable and r.status == -1 and r.supported is False
+    assert r.rel_l2 is None and r.comparison is None
+
+
+def test_decliner_that_touches_the_buffer_violates_the_contract():
+    r = run_case(H.TouchyDecliner(), SINK)
+    assert r.outcome == "contract-violation" and not r.acceptable
+    assert "touched the output buffer" in r.note
+
+
+def test_returning_zero_on_an_unsupported_case_violates_the_contract():
+    r = run_case(H.LiarKernel(), SINK)
+    assert r.outcome == "contract-violation"
+    assert "returned 0 on a case it declares unsupported" in r.note and "wrote the output buffer" in r.note
+
+
+def test_declining_a_supported_case_fails():
+    r = run_case(H.ReluctantKernel(), SINK)
+    assert r.outcome == "fail" and r.note == "declined a case it claims to support"
+
+
+def test_exceptions_are_errors_with_the_text():
+    r = run_case(H.RaisingKernel(), SINK)
+    assert r.outcome == "error" and not r.acceptable
+    assert "RuntimeError: boom: device lost" in r.note and "boom" in r.failure_message()
+
+
+def test_wrong_shape_and_unknown_status():
+    r = run_case(H.WrongShapeKernel(), SINK)
+    assert r.outcome == "fail" and "(1, 40, 4, 16)" in r.note and "(1, 4, 40, 16)" in r.note
+    r = run_case(H.StatusTwoKernel(), SINK)
+    assert r.outcome == "contract-violation" and "status 2" in r.note
+
+
+def test_unsupported_dtype_is_declined_by_a_fp16_kernel():
+    assert run_case(H.CorrectKernel(), BF16).outcome == "declined"
+
+
+def test_seed_contract_is_recorded_and_the_case_compared():
+    c = _case("t-d128", d=128, seed_contract="decline")
+    r = run_case(H.CorrectKernel(), c)
+    assert r.outcome == "pass" and r.seed_contract == "decline"
+    assert "seed kernel declined" in r.note
+
+
+def test_reference_kernel_passes_and_keeps_fp32():
+    ref = K.get_kernel("reference")
+    r = run_case(ref, SINK)
+    assert r.outcome == "pass" and r.rel_l2 < 1e-6
+    assert run_case(ref, BF16).outcome == "pass"  # the reference supports every case
+    from refattn.cases import make_inputs
+
+    status, out = ref.run(make_inputs(SINK))
+    assert status == 0 and out.dtype == np.float32
+    assert K.get_kernel("reference:fp64").run(make_inputs(SINK))[1].dtype == np.float64
+
+
+# ------------------------------------------------------------------ matrix and JSON
+
+def test_matrix_result_ok_progress_and_json_shape():
+    calls = []
+    m = run_matrix(H.CorrectKernel(), [SINK, PLAIN, BF16],
+                   progress=lambda i, n, case, res: calls.append((i, n, case.name, res and res.outcome)))
+    assert m.ok and m.kernel == "correct" and m.suites == ["adhoc"]
+    assert calls == [(0, 3, "t-sink", None), (0, 3, "t-sink", "pass"), (1, 3, "t-plain", None),
+                     (1, 3, "t-plain", "pass"), (2, 3, "t-bf16", None), (2, 3, "t-bf16", "declined")]
+    doc = json.loads(json.dumps(m.to_json(), allow_nan=False))
+    assert doc["schema"] == 1 and doc["kernel"] == "correct" and doc["ok"] is True
+    assert {"suites", "started", "elapsed_s", "host", "counts"} <= set(doc)
+    assert [r["case"] for r in doc["results"]] == ["t-sink", "t-plain", "t-bf16"]
+    first = doc["results"][0]
+    for key in ("outcome", "rel_l2", "max_abs", "max_abs_at", "gate", "gate_max_abs",
+                "seed_gate_pass", "baseline_rel_l2", "n_nan", "time_s", "note", "summary"):
+        assert key in first, key
+    assert isinstance(first["rel_l2"], float) and len(first["max_abs_at"]) == 4
+    assert doc["results"][2]["rel_l2"] is None and doc["counts"]["declined"] == 1
+
+
+def test_matrix_not_ok_when_one_case_fails_and_nan_is_json_null():
+    m = run_matrix(H.TailReadingKernel(), [SINK, BF16])
+    assert not m.ok and [r.outcome for r in m.results] == ["fail", "declined"]
+    assert [r.case for r in m.failures()] == ["t-sink"]
+    doc = json.loads(json.dumps(m.to_json(), allow_nan=False))
+    assert doc["ok"] is False and doc["results"][0]["rel_l2"] is None and doc["results"][0]["n_nan"] > 0
+
+
+# ------------------------------------------------------------------ reference cache
+
+def test_reference_is_computed_once_per_case():
+    cache = ReferenceCache()
+    for kern in (H.CorrectKernel(), H.WrongSinkKernel(), H.CorrectKernel()):
+        run_case(kern, SINK, cache=cache)
+    assert (cache.misses, cache.hits, len(cache)) == (1, 2, 1)
+    run_case(H.PoliteDecliner(), PLAIN, cache=cache)  # a decline needs no reference
+    assert cache.misses == 1
+    ref, base = cache.get(SINK)
+    assert ref.dtype == np.float64 and base.dtype == np.float16
+    assert not ref.flags.writeable and not base.flags.writeable
+
+
+def test_reference_cache_evicts_to_its_byte_budget():
+    one = 40 * 4 * 16 * (8 + 2)  # fp64 reference + fp16 baseline of one case
+    cache = ReferenceCache(budget_bytes=one)
+    cache.get(SINK)
+    cache.get(_case("t-other"))
+    assert len(cache) == 1 and cache.nbytes == one
+    cache.get(SINK)
+    assert cache.misses == 3
+
+
+# ------------------------------------------------------------------ registry
+
+def test_registry_lists_the_builtins():
+    entries = K.available_kernels()
+    assert {"reference", "model", "hipkernel"} <= set(entries)
+    assert entries["reference"].importable and entries["reference"].error is None
+    assert entries["hipkernel"].requires_gpu and not entries["reference"].requires_gpu
+
+
+def test_registry_reports_an_entry_that_fails_to_import(monkeypatch):
+    monkeypatch.setitem(K.BUILTINS, "ghost", ("refattn._no_such_module:Ghost", True))
+    entry = K.available_kernels()["ghost"]
+    assert not entry.importable and "cannot import refattn._no_such_module:Ghost" in entry.error
+    assert "ModuleNotFoundError" in entry.error and entry.requires_gpu
+    with pytest.raises(K.KernelError, match=r"kernel: 'ghost' is unavailable: cannot import"):
+        K.get_kernel("ghost")
+
+
+def test_unknown_kernel_names_the_argument_and_lists_known():
+    with pytest.raises(ValueError, match=r"^kernel: unknown kernel 'nope'; known: .*model.*reference"):
+        K.get_kernel("nope")
+    with pytest.raises(K.KernelError, match=r"kernel: unknown reference variant 'fp8'"):
+        K.get_kernel("reference:fp8")
+
+
+def test_import_path_form_with_variant():
+    k = K.get_kernel("tests.helpers_kernels:WrongSinkKernel")
+    assert type(k).__name__ == "WrongSinkKernel" and k.name == "wrong-sink"
+    k = K.get_kernel("tests.helpers_kernels:CorrectKernel:v2")
+    assert k.variant == "v2" and k.name == "correct:v2"
+    with pytest.raises(K.KernelError, match=r"cannot import tests.helpers_kernels:Nope"):
+        K.get_kernel("tests.helpers_kernels:Nope")
+
+
+def test_kernel_available_normalises_the_probe():
+    assert K.kernel_available(H.CorrectKernel()) == (True, "")
+    assert K.kernel_available(H.UnavailableKernel()) == (False, "no device in this test")
+
+
+def test_best_kernel_prefers_an_available_hipkernel(monkeypatch):
+    monkeypatch.setitem(K.BUILTINS, "hipkernel", ("tests.helpers_kernels:UnavailableKernel", True))
+    monkeypatch.setattr(K.importlib.metadata, "entry_points", lambda group: ())
+    assert K.best_kernel() == "model"
+    monkeypatch.setitem(K.BUILTINS, "hipkernel", ("tests.helpers_kernels:CorrectKernel", True))
+    assert K.best_kernel() == "hipkernel"
