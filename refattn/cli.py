@@ -261,7 +261,7 @@ def _run_run(args) -> int:
     sharded = getattr(args, "gpus", 1) > 1
     name = args.kernel or best_kernel()
     kernel = get_kernel(name)
-    if not sharded:  # sharded: each worker checks on its own device (the parent stays off the GPU)
+    if not sharded:  # sharded: each worker checks on its own pinned device (skips -> exit 2)
         ok, reason = kernel_available(kernel)
         if not ok:
             raise UsageError(f"kernel: {name!r} is not available here: {reason}")

@@ -262,11 +262,12 @@ def _refattn_record_results(request, monkeypatch):
     monkeypatch.setattr(request.module, "run_case", recording_run_case)
 
 
-@pytest.hookimpl(wrapper=True)
+@pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """With $REFATTN_RESULTS_DIR set, a skipped matrix case (kernel not available on this
     worker) is recorded too, with the reason."""
-    report = yield
+    outcome = yield
+    report = outcome.get_result()
     from refattn.sharding import RESULTS_DIR_ENV
 
     results_dir = os.environ.get(RESULTS_DIR_ENV)
@@ -280,4 +281,3 @@ def pytest_runtest_makereport(item, call):
         append_row(results_dir, _worker_id(), skip_row(
             kernel_spec=params["kernel_name"], case=params["case"], reason=reason,
             worker_id=_worker_id(), device=_pinned_device(), nodeid=item.nodeid))
-    return report

@@ -1,0 +1,495 @@
+"""Spreading the case matrix over several GPUs: one pytest-xdist worker per device.
+
+``pytest -n N --dist loadgroup`` (or ``refattn run --gpus N``, which runs exactly that) starts
+N worker processes. ``tests/conftest.py`` pins each to its own device *before* any GPU
+backend initialises: worker ``gwN`` gets ``CUDA_VISIBLE_DEVICES`` (NVIDIA) or
+``HIP_VISIBLE_DEVICES`` (AMD) set to the N-th device of the controller's visible list, and
+``HIPKERNEL_DEVICE=0`` (the one device it then sees). Cases carry
+``pytest.mark.xdist_group(name=group_key(case))``, so ``--dist loadgroup`` sends every case of
+one autotune key (``hipkernel.autotune.tune_key`` minus the arch, which is one per host) to
+one worker, which then sweeps that key once.
+
+This module holds the pure logic, importable without pytest or any GPU package:
+
+* counting devices without initialising a runtime (:func:`visible_devices`): the parent's
+  ``CUDA_VISIBLE_DEVICES`` / ``HIP_VISIBLE_DEVICES`` / ``ROCR_VISIBLE_DEVICES`` when set,
+  else ``nvidia-smi -L``, else the KFD topology in sysfs (``/dev/kfd``) or ``rocm-smi``;
+* the worker -> device map (:func:`device_for_worker`) and the group key (:func:`group_key`);
+* the per-worker JSON-lines result files (``$REFATTN_RESULTS_DIR``) and their merge back into
+  a :class:`refattn.runner.MatrixResult` (:func:`run_sharded`, behind ``refattn run --gpus``).
+
+``REFATTN_FAKE_GPUS=N`` makes the device counter report N devices (``0`` .. ``N-1`` through
+``CUDA_VISIBLE_DEVICES``). It exists for the CPU-side tests of this machinery and should not
+be set otherwise.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+RESULTS_DIR_ENV = "REFATTN_RESULTS_DIR"
+FAKE_GPUS_ENV = "REFATTN_FAKE_GPUS"
+CUDA_VAR, HIP_VAR, ROCR_VAR = "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"
+ROW_SCHEMA = 1
+
+ROOT = Path(__file__).resolve().parent.parent
+MATRIX_TESTS = ROOT / "tests" / "test_matrix.py"
+
+
+class ShardError(Exception):
+    """``refattn run --gpus`` could not run or collect the sharded matrix (a usage error)."""
+
+
+# --------------------------------------------------------------------------- devices
+
+@dataclass(frozen=True)
+class Devices:
+    """The devices a worker may be pinned to: the values to put in ``var``, in order."""
+
+    var: str | None  # CUDA_VISIBLE_DEVICES | HIP_VISIBLE_DEVICES | None (no device)
+    devices: tuple[str, ...] = ()
+    source: str = "none"  # where the list came from, for the pytest header and logs
+
+    def __len__(self) -> int:
+        return len(self.devices)
+
+    def to_dict(self) -> dict:
+        return {"var": self.var, "devices": list(self.devices), "source": self.source}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> Devices:
+        return cls(d.get("var"), tuple(str(x) for x in d.get("devices", ())), d.get("source", "?"))
+
+
+_UUID_PREFIXES = ("GPU-", "MIG-")
+
+
+def parse_visible_devices(value: str | None) -> list[str]:
+    """The entries of a ``CUDA_VISIBLE_DEVICES``-style list, as the runtime reads it.
+
+    Entries are comma-separated ordinals (``"2,3"``) or UUIDs (``GPU-...``, ``MIG-...``).
+    Like the CUDA runtime, the list ends at the first entry that is neither (``"0,-1,1"``
+    exposes only device 0) or that repeats one already seen; an empty value exposes nothing.
+    ``None`` (unset) also gives ``[]``: the caller decides what "unset" means."""
+    if value is None:
+        return []
+    out: list[str] = []
+    for raw in value.split(","):
+        entry = raw.strip()
+        ok = entry.isdigit() or (entry.startswith(_UUID_PREFIXES) and len(entry) > 4)
+        if not ok or entry in out:
+            break
+        out.append(entry)
+    return out
+
+
+_SMI_GPU = re.compile(r"^GPU\s+(\d+):.*?\(UUID:\s*(GPU-[^)\s]+)\)")
+_SMI_MIG = re.compile(r"^\s+MIG\s.*\(UUID:\s*(MIG-[^)\s]+)\)")
+
+
+def parse_nvidia_smi_list(text: str) -> list[str]:
+    """Devices from ``nvidia-smi -L``: ordinals ``0 .. n-1`` for plain GPUs. When MIG is on,
+    each MIG instance is its own device, named by its UUID (an ordinal cannot address it),
+    and a GPU without MIG instances on such a host is named by its UUID too."""
+    gpus: list[tuple[str, list[str]]] = []  # (gpu uuid, mig uuids)
+    for line in text.splitlines():
+        m = _SMI_GPU.match(line)
+        if m:
+            gpus.append((m.group(2), []))
+            continue
+        m = _SMI_MIG.match(line)
+        if m and gpus:
+            gpus[-1][1].append(m.group(1))
+    if not any(migs for _, migs in gpus):
+        return [str(i) for i in range(len(gpus))]
+    return [x for uuid, migs in gpus for x in (migs or [uuid])]
+
+
+def parse_rocm_smi(text: str) -> list[str]:
+    """Ordinals from ``rocm-smi --showid`` (lines ``GPU[0] : ...``)."""
+    ids = sorted({int(m.group(1)) for m in re.finditer(r"^GPU\[(\d+)\]", text, re.M)})
+    return [str(i) for i in range(len(ids))]
+
+
+def count_kfd_gpus(topology: Path = Path("/sys/class/kfd/kfd/topology/nodes")) -> int | None:
+    """GPUs in the KFD topology (nodes with SIMDs; CPU nodes have none), or None if absent."""
+    if not topology.is_dir():
+        return None
+    n = 0
+    for props in topology.glob("*/properties"):
+        try:
+            m = re.search(r"^simd_count\s+(\d+)", props.read_text(), re.M)
+        except OSError:
+            continue
+        n += bool(m and int(m.group(1)) > 0)
+    return n
+
+
+def _run_tool(argv: list[str], timeout: float = 15.0) -> str | None:
+    if shutil.which(argv[0]) is None:
+        return None
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return p.stdout if p.returncode == 0 else None
+
+
+def visible_devices(env: Mapping[str, str] | None = None, *,
+                    run_tool: Callable[[list[str]], str | None] = _run_tool,
+                    kfd: Path = Path("/dev/kfd"),
+                    kfd_topology: Path = Path("/sys/class/kfd/kfd/topology/nodes")) -> Devices:
+    """The devices this process may hand to workers, found without initialising CUDA or HIP.
+
+    In order: ``$REFATTN_FAKE_GPUS`` (tests only); ``CUDA_VISIBLE_DEVICES``, then
+    ``HIP_VISIBLE_DEVICES`` when set (their entries, in order, are what a worker is pinned
+    to); ``ROCR_VISIBLE_DEVICES`` (ordinals ``0 .. n-1`` of what it exposes); ``nvidia-smi -L``;
+    ``/dev/kfd`` with the KFD topology or ``rocm-smi --showid``. None of these: no devices."""
+    env = os.environ if env is None else env
+    fake = env.get(FAKE_GPUS_ENV)
+    if fake not in (None, ""):
+        n = int(fake)
+        return Devices(CUDA_VAR, tuple(str(i) for i in range(max(n, 0))), FAKE_GPUS_ENV)
+    for var in (CUDA_VAR, HIP_VAR):
+        if var in env:
+            return Devices(var, tuple(parse_visible_devices(env[var])), var)
+    if ROCR_VAR in env:
+        n = len(parse_visible_devices(env[ROCR_VAR]))
+        return Devices(HIP_VAR, tuple(str(i) for i in range(n)), ROCR_VAR)
+    text = run_tool(["nvidia-smi", "-L"])
+    if text is not None:
+        found = parse_nvidia_smi_list(text)
+        if found:
+            return Devices(CUDA_VAR, tuple(found), "nvidia-smi -L")
+    if kfd.exists():
+        n = count_kfd_gpus(kfd_topology)
+        if n:
+            return Devices(HIP_VAR, tuple(str(i) for i in range(n)), "kfd topology")
+        text = run_tool(["rocm-smi", "--showid"])
+        found = parse_rocm_smi(text) if text is not None else []
+        if found:
+            return Devices(HIP_VAR, tuple(found), "rocm-smi --showid")
+    return Devices(None, (), "none")
+
+
+# --------------------------------------------------------------------------- workers
+
+def worker_index(worker_id: str | None) -> int | None:
+    """``gw3`` -> 3; None for the controller or a plain (non-xdist) run."""
+    m = re.fullmatch(r"gw(\d+)", worker_id or "")
+    return int(m.group(1)) if m else None
+
+
+def device_for_worker(worker_id: str | None, devices: Devices | Iterable[str]) -> str | None:
+    """The device worker ``gwN`` is pinned to: entry ``N`` of the parent's visible list
+    (``N mod len`` when there are more workers than devices, so they share). None when not a
+    worker or when there is no device."""
+    devs = list(devices.devices if isinstance(devices, Devices) else devices)
+    i = worker_index(worker_id)
+    if i is None or not devs:
+        return None
+    return devs[i % len(devs)]
+
+
+def pin_environment(worker_id: str | None, devices: Devices,
+                    environ: dict | None = None) -> str | None:
+    """Pin this worker process: set ``devices.var`` to its device and ``HIPKERNEL_DEVICE=0``
+    in ``environ`` (default ``os.environ``). Must run before a runtime initialises (CUDA and
+    HIP read the variable once, at init). Returns the device, or None (nothing changed)."""
+    environ = os.environ if environ is None else environ
+    dev = device_for_worker(worker_id, devices)
+    if dev is None or devices.var is None:
+        return None
+    environ[devices.var] = dev
+    environ["HIPKERNEL_DEVICE"] = "0"  # the only device the worker sees now
+    return dev
+
+
+def auto_num_workers(gpu_kernels: bool, devices: Devices, env: Mapping[str, str] | None = None) -> int | None:
+    """What ``-n auto`` means: the device count when a GPU kernel is selected and a device is
+    visible; None otherwise, leaving pytest-xdist's own default (the CPU count) in place.
+    An explicit ``PYTEST_XDIST_AUTO_NUM_WORKERS`` always wins (None here)."""
+    env = os.environ if env is None else env
+    if env.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    return len(devices) if gpu_kernels and len(devices) else None
+
+
+# --------------------------------------------------------------------------- groups
+
+def tune_group(case) -> tuple:
+    """The case's autotune key without the arch: ``(d, sq, Hq, G, window, dtype)``."""
+    return (int(case.d), int(case.sq), int(case.Hq), int(case.Hq // case.Hkv), int(case.window),
+            str(case.dtype))
+
+
+def group_key(case) -> str:
+    """``xdist_group`` name of a case, e.g. ``tune-d64-sq512-Hq64-G8-wnone-fp16``. Cases with
+    the same autotune key get the same name (and so the same worker under loadgroup)."""
+    d, sq, hq, g, w, dtype = tune_group(case)
+    return f"tune-d{d}-sq{sq}-Hq{hq}-G{g}-w{'none' if w < 0 else w}-{dtype}"
+
+
+# --------------------------------------------------------------------------- result rows
+
+def rows_path(results_dir: str | os.PathLike, worker_id: str | None) -> Path:
+    """The JSON-lines file this process appends to (one per worker process)."""
+    return Path(results_dir) / f"{worker_id or 'main'}.{os.getpid()}.jsonl"
+
+
+def append_row(results_dir: str | os.PathLike, worker_id: str | None, row: dict) -> None:
+    """Append one row (one line, written and flushed in one call)."""
+    path = rows_path(results_dir, worker_id)
+    line = json.dumps({"schema": ROW_SCHEMA, **row}) + "\n"
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(line)
+        f.flush()
+
+
+def result_row(result, *, kernel_spec: str, kernel_name: str, case, worker_id: str | None,
+               device: str | None, nodeid: str = "") -> dict:
+    """The row a worker writes for a judged case: the Result's JSON plus where it ran."""
+    return {"kind": "result", "kernel_spec": kernel_spec, "kernel": kernel_name,
+            "case_id": case.id, "group": group_key(case), "worker": worker_id,
+            "device": device, "nodeid": nodeid, "summary": result.summary,
+            "failure_message": result.failure_message(), "result": result.to_dict()}
+
+
+def skip_row(*, kernel_spec: str, case, reason: str, worker_id: str | None,
+             device: str | None, nodeid: str = "") -> dict:
+    """The row a worker writes for a matrix case it skipped (kernel unavailable there)."""
+    return {"kind": "skipped", "kernel_spec": kernel_spec, "case_id": case.id,
+            "group": group_key(case), "worker": worker_id, "device": device, "nodeid": nodeid,
+            "reason": reason}
+
+
+class RowReader:
+    """Reads the rows of every ``*.jsonl`` file in a directory incrementally (complete lines
+    only), so the parent can report progress while the workers run."""
+
+    def __init__(self, directory: str | os.PathLike):
+        self.directory = Path(directory)
+        self._offsets: dict[Path, int] = {}
+
+    def poll(self) -> list[dict]:
+        rows = []
+        for path in sorted(self.directory.glob("*.jsonl")):
+            start = self._offsets.get(path, 0)
+            try:
+                with open(path, "rb") as f:
+                    f.seek(start)
+                    data = f.read()
+            except OSError:
+                continue
+            end = data.rfind(b"\n") + 1
+            if end <= 0:
+                continue
+            self._offsets[path] = start + end
+            for line in data[:end].splitlines():
+                if line.strip():
+                    rows.append(json.loads(line))
+        return rows
+
+
+def read_rows(directory: str | os.PathLike) -> list[dict]:
+    """Every row of every per-worker file in ``directory``."""
+    return RowReader(directory).poll()
+
+
+# --------------------------------------------------------------------------- back to Results
+
+@functools.lru_cache(maxsize=None)
+def _stored_result_class():
+    from refattn.runner import Result
+
+    @dataclass
+    class StoredResult(Result):
+        """A :class:`Result` read back from a worker's row: its JSON, summary and failure
+        message are the worker's, byte for byte (no Comparison object crosses processes)."""
+
+        stored: dict = field(default_factory=dict, repr=False)
+
+        @property
+        def summary(self) -> str:
+            return self.stored.get("summary") or super().summary
+
+        def failure_message(self) -> str:
+            return self.stored.get("failure_message") or super().failure_message()
+
+        def to_dict(self) -> dict:
+            return json.loads(json.dumps(self.stored["result"]))
+
+    return StoredResult
+
+
+def result_from_row(row: dict):
+    """A Result-shaped object from a worker's ``result`` row (see :func:`result_row`)."""
+    cls = _stored_result_class()
+    d = row["result"]
+    at = d.get("max_abs_at")
+    return cls(case=d["case"], suite=d["suite"], outcome=d["outcome"], note=d.get("note", ""),
+               status=d.get("status"), supported=d.get("supported"), rel_l2=d.get("rel_l2"),
+               max_abs=d.get("max_abs"), max_abs_at=None if at is None else tuple(at),
+               gate=d.get("gate"), gate_max_abs=d.get("gate_max_abs"),
+               seed_gate_pass=d.get("seed_gate_pass"), baseline_rel_l2=d.get("baseline_rel_l2"),
+               n_nan=d.get("n_nan"), n_inf=d.get("n_inf"), time_s=d.get("time_s"),
+               seed_contract=d.get("seed_contract"), params=d.get("params") or {},
+               comparison=None, stored=row)
+
+
+def merge_results(cases, rows: Iterable[dict]):
+    """The Results of ``cases``, in case order, from the workers' rows. A case with no result
+    row becomes an ``error`` Result saying so. Returns ``(results, skipped)`` where
+    ``skipped`` maps a case id to the reason a worker skipped it."""
+    from refattn.runner import Result
+
+    by_id: dict[str, dict] = {}
+    skipped: dict[str, str] = {}
+    for row in rows:
+        if row.get("kind") == "result":
+            by_id[row["case_id"]] = row
+        elif row.get("kind") == "skipped":
+            skipped[row["case_id"]] = row.get("reason", "")
+    results = []
+    for c in cases:
+        row = by_id.get(c.id)
+        if row is not None:
+            results.append(result_from_row(row))
+            continue
+        params = c.to_dict()
+        params["describe"] = c.describe()
+        why = skipped.get(c.id)
+        note = (f"skipped by the pytest worker: {why}" if why is not None else
+                "no result from the pytest workers (a worker crashed, or the case was not "
+                "collected); see the pytest output")
+        results.append(Result(case=c.name, suite=c.suite, outcome="error", note=note,
+                              seed_contract=c.seed_contract, params=params))
+    return results, skipped
+
+
+# --------------------------------------------------------------------------- refattn run --gpus
+
+def matrix_node_ids(kernel_spec: str, cases, test_file: Path = MATRIX_TESTS) -> list[str]:
+    """pytest node ids of ``cases`` in tests/test_matrix.py (ids ``<kernel>-<case name>``,
+    unique because case names are unique across the suites loaded together)."""
+    return [f"{test_file}::test_case[{kernel_spec}-{c.name}]" for c in cases]
+
+
+# Plugins the matrix does not use, blocked in the workers of ``refattn run --gpus``: they
+# only cost start-up time (hypothesis takes seconds to import) or warn under xdist.
+NOT_NEEDED_PLUGINS = ("-p", "no:hypothesispytest", "-p", "no:benchmark")
+
+
+def pytest_command(kernel_spec: str, suites: Iterable[str], cases, workers: int,
+                   test_file: Path = MATRIX_TESTS) -> list[str]:
+    """``python -m pytest -n N --dist loadgroup ...`` over exactly ``cases``."""
+    cmd = [sys.executable, "-m", "pytest", "-n", str(int(workers)), "--dist", "loadgroup",
+           "-p", "no:cacheprovider", *NOT_NEEDED_PLUGINS, "-q", "--rootdir", str(test_file.parent.parent),
+           "-c", str(test_file.parent.parent / "pyproject.toml"), "--kernel", kernel_spec]
+    for s in dict.fromkeys(suites):
+        cmd += ["--suite", str(s)]
+    return cmd + matrix_node_ids(kernel_spec, cases, test_file)
+
+
+def _tail(path: Path, n: int = 60) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(lines[-n:])
+
+
+def run_sharded(kernel_spec: str, suites: list[str], cases, workers: int, *, progress=None,
+                log: Callable[[str], None] | None = None, test_file: Path = MATRIX_TESTS,
+                poll_s: float = 0.2):
+    """Run ``cases`` of ``kernel_spec`` through ``pytest -n workers --dist loadgroup`` and
+    merge the workers' rows into a :class:`refattn.runner.MatrixResult` (the same document
+    ``run_matrix`` gives). ``progress(i, n, case, result)`` as in ``run_matrix``, called as
+    rows arrive. Raises :class:`ShardError` when pytest-xdist or the matrix tests are missing,
+    when pytest itself fails (its output is in the message), or when the kernel is not
+    available on the workers."""
+    from refattn.runner import MatrixResult, host_info
+
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    cases = list(cases)
+    if importlib.util.find_spec("xdist") is None:
+        raise ShardError("--gpus needs pytest-xdist (pip install pytest-xdist)")
+    if not test_file.is_file():
+        raise ShardError(f"--gpus runs the pytest matrix, {test_file}, which this install lacks "
+                         f"(run from a source tree)")
+    by_id = {c.id: c for c in cases}
+    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="refattn-gpus-") as tmp:
+        results_dir = Path(tmp) / "rows"
+        results_dir.mkdir()
+        pytest_log = Path(tmp) / "pytest.log"
+        env = dict(os.environ)
+        env[RESULTS_DIR_ENV] = str(results_dir)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(test_file.parent.parent)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        cmd = pytest_command(kernel_spec, suites, cases, workers, test_file)
+        reader, done = RowReader(results_dir), 0
+        rows: list[dict] = []
+
+        def consume():
+            nonlocal done
+            for row in reader.poll():
+                rows.append(row)
+                c = by_id.get(row.get("case_id"))
+                if progress is not None and c is not None and row.get("kind") == "result":
+                    progress(done, len(cases), c, None)
+                    progress(done, len(cases), c, result_from_row(row))
+                    done += 1
+
+        with open(pytest_log, "wb") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                    stdin=subprocess.DEVNULL)
+            try:
+                while proc.poll() is None:
+                    consume()
+                    time.sleep(poll_s)
+            except BaseException:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+                raise
+        consume()
+        rc = proc.returncode
+        results, skipped = merge_results(cases, rows)
+        if rc not in (0, 1):  # 0 all passed, 1 some failed; anything else is pytest trouble
+            raise ShardError(f"pytest -n {workers} exited with status {rc}\n"
+                             f"--- pytest output (tail) ---\n{_tail(pytest_log)}")
+        if skipped:
+            reason = next(iter(skipped.values()))
+            raise ShardError(f"kernel: {reason}")
+        if any(r.outcome == "error" and r.note.startswith("no result") for r in results):
+            log(f"--- pytest output (tail) ---\n{_tail(pytest_log)}")
+    names = [row.get("kernel") for row in rows if row.get("kind") == "result" and row.get("kernel")]
+    suites_seen = list(dict.fromkeys(c.suite for c in cases))
+    return MatrixResult(kernel=names[0] if names else kernel_spec, results=results,
+                        suites=suites_seen, started=started, elapsed_s=time.perf_counter() - t0,
+                        host=host_info())
+
+
+__all__ = ["CUDA_VAR", "Devices", "FAKE_GPUS_ENV", "HIP_VAR", "RESULTS_DIR_ENV", "RowReader",
+           "ShardError", "append_row", "auto_num_workers", "device_for_worker", "group_key",
+           "matrix_node_ids", "merge_results", "parse_nvidia_smi_list", "parse_rocm_smi",
+           "parse_visible_devices", "pin_environment", "pytest_command", "read_rows",
+           "result_from_row", "result_row", "run_sharded", "skip_row", "tune_group",
+           "visible_devices", "worker_index"]
