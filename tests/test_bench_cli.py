@@ -1,0 +1,385 @@
+"""`refattn bench` on a CPU: the FLOP count, shape and flag parsing, the no-GPU and no-torch
+paths, the record's JSON shape, and the ratio / target logic. The timing itself needs a GPU
+(benchmarks/test_bench_kernels.py); here a recording backend stands in for the device."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hipkernel import bench
+from refattn import cli, visible
+from tests.fake_backend import RecordingBackend
+
+ROOT = Path(__file__).resolve().parent.parent
+NO_TORCH = "torch not importable: ModuleNotFoundError: No module named 'torch'"
+
+
+def run_cli(capsys, *argv):
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# --------------------------------------------------------------------------- FLOPs
+
+def brute_force_flops(shape: bench.Shape) -> float:
+    """4 * d * Hq * B * (number of visible (query, key) pairs), counted pair by pair."""
+    g = shape.geometry
+    p = shape.past_len + np.arange(shape.sq)[:, None]
+    j = np.arange(shape.skv)[None, :]
+    return 4.0 * g["d"] * g["Hq"] * g["B"] * int(visible(p, j, shape.window).sum())
+
+
+@pytest.mark.parametrize("name", [
+    "gptoss-1@0", "gptoss-7@0", "gptoss-7@5", "gptoss-7@5-w1", "gptoss-7@5-w3", "gptoss-7@0-w3",
+    "gptoss-16@32-w8", "gptoss-9@2-w100", "d128-33@17-w16", "d128-64@0",
+])
+def test_flops_match_a_brute_force_count(name):
+    s = bench.parse_shape(name)
+    assert s.flops() == brute_force_flops(s)
+
+
+def test_flops_of_the_default_shapes_in_closed_form():
+    gpt = 4 * 64 * 64  # 4 * d * Hq * B
+    s = bench.parse_shape("gptoss-512@8192")  # rows see 8193 .. 8704 keys
+    assert s.flops() == gpt * (8193 + 8704) * 512 // 2
+    assert bench.parse_shape("gptoss-512@15872-w128").flops() == gpt * 512 * 128
+    assert bench.parse_shape("gptoss-16384@0").flops() == gpt * 16384 * 16385 // 2
+    w = bench.parse_shape("gptoss-16384@0-w128").flops()  # 127 warm-up rows, then 128 each
+    assert w == gpt * (128 * 129 // 2 + (16384 - 128) * 128)
+    assert bench.parse_shape("d128-512@8192").flops() == 4 * 128 * 32 * (8193 + 8704) * 512 // 2
+
+
+def test_the_formula_is_written_out():
+    assert bench.FLOP_FORMULA.startswith("FLOPs = 4 * d * Hq * B * sum_rows(visible keys of the row)")
+    assert "FLOPs = 4 * d * Hq * B * sum_rows(visible keys of the row)" in bench.__doc__
+
+
+# --------------------------------------------------------------------------- shapes and flags
+
+def test_default_shapes_and_targets():
+    names = [s.name for s in bench.default_shapes()]
+    assert names == list(bench.DEFAULT_SHAPE_NAMES)
+    assert {s.family for s in bench.default_shapes()} == {"gptoss", "d128"}
+    t = {s.name: s.target_ms for s in bench.default_shapes()}
+    assert t["gptoss-512@8192"] == 0.25 and t["gptoss-512@15872"] == 0.46
+    assert t["gptoss-512@512-w128"] == t["gptoss-512@8192-w128"] == t["gptoss-512@15872-w128"] == 0.03
+    assert t["gptoss-16384@0"] == 5.0 and t["gptoss-16384@0-w128"] == 0.15
+    assert t["d128-512@8192"] is None and t["d128-16384@0"] is None
+    s = bench.parse_shape("d128-16384@0")
+    assert (s.geometry, s.skv, s.window) == (dict(B=1, Hq=32, Hkv=8, d=128), 16384, -1)
+
+
+def test_parse_shapes_lists_families_all_and_dedupes():
+    assert [s.name for s in bench.parse_shapes("all")] == list(bench.DEFAULT_SHAPE_NAMES)
+    assert [s.name for s in bench.parse_shapes("d128")] == ["d128-512@8192", "d128-16384@0"]
+    got = bench.parse_shapes(" gptoss-0512@8192-w128 , gptoss-512@8192-w128,gptoss-1024@4096 ")
+    assert [s.name for s in got] == ["gptoss-512@8192-w128", "gptoss-1024@4096"]
+    assert got[0].target_ms == 0.03 and got[1].target_ms is None
+
+
+@pytest.mark.parametrize("text, words", [
+    ("nope", ["'nope' is not a shape name", "FAMILY-SQ@PAST[-wW]"]),
+    ("llama-512@0", ["unknown family 'llama'", "gptoss, d128"]),
+    ("gptoss-512@8192-w0", ["W >= 1"]),
+    ("gptoss-0@10", ["Sq must be >= 1"]),
+    (",", ["comma-separated list"]),
+])
+def test_bad_shapes_are_rejected(text, words):
+    with pytest.raises(Exception) as e:
+        bench.parse_shapes(text)
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_parse_peers():
+    assert bench.parse_peers("none") == []
+    assert bench.parse_peers("FLEX, sdpa,flex") == ["flex", "sdpa"]
+    assert bench.parse_peers("sdpa,cudnn,flex") == list(bench.PEERS)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--shapes", "nope"], ["argument --shapes", "'nope' is not a shape name", "gptoss-512@8192"]),
+    (["--shapes", "gptoss-512@8192,gptoss-1@1-w0"], ["argument --shapes", "W >= 1"]),
+    (["--peers", "sdpa,flash3"], ["argument --peers", "unknown peer 'flash3'", "sdpa, cudnn, flex"]),
+    (["--peers", ""], ["argument --peers"]),
+    (["--reps", "5"], ["argument --reps", ">= 20"]),
+    (["--reps", "many"], ["argument --reps", "expected an int"]),
+    (["--warmup", "-1"], ["argument --warmup"]),
+    (["--kernel", "model"], ["argument --kernel", "hipkernel"]),
+    (["--frobnicate"], ["unrecognized arguments: --frobnicate"]),
+])
+def test_bad_flags_exit_2_naming_the_flag(capsys, argv, words):
+    code, _, err = run_cli(capsys, "bench", *argv)
+    assert code == 2, err
+    for w in words:
+        assert w in err, err
+    assert "Traceback" not in err
+
+
+def test_help_shows_the_formula_and_examples(capsys):
+    code, out, _ = run_cli(capsys, "bench", "--help")
+    assert code == 0
+    assert "FLOPs = 4 * d * Hq * B" in out and "--peers" in out and "exit status" in out
+
+
+def test_importing_bench_imports_neither_torch_nor_a_gpu_backend():
+    code = ("import sys, hipkernel.bench; "
+            "print(sorted(m for m in ('torch', 'hipkernel.backends', 'cuda', 'hip') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
+# --------------------------------------------------------------------------- no GPU, no torch
+
+def test_no_gpu_prints_the_reason_and_exits_2(capsys, monkeypatch):
+    def no_gpu(kernel):
+        raise bench.BenchUnavailable(f"{kernel} cannot run here: no GPU backend available; tried:\n"
+                                     "  cuda: BackendUnavailable: cuInit failed: CUDA_ERROR_NO_DEVICE")
+    monkeypatch.setattr(bench, "open_backend", no_gpu)
+    monkeypatch.setattr(bench, "probe_torch", lambda: (None, NO_TORCH))
+    code, out, err = run_cli(capsys, "bench", "--shapes", "gptoss-512@8192")
+    assert code == 2 and out == ""
+    assert "refattn bench: error: needs a GPU: hipkernel cannot run here" in err
+    assert "CUDA_ERROR_NO_DEVICE" in err and NO_TORCH in err
+    assert "Traceback" not in err
+
+
+def test_no_gpu_here_for_real_exits_2(capsys):
+    from hipkernel.backends import available_backends
+
+    if any(be is not None for _, be, _ in available_backends()):
+        pytest.skip("a GPU backend works here: `refattn bench` would run the real benchmark")
+    code, out, err = run_cli(capsys, "bench", "--shapes", "gptoss-512@8192", "--json", "-")
+    assert code == 2 and out == ""
+    assert "refattn bench: error: needs a GPU" in err and "Traceback" not in err
+
+
+def test_peers_without_torch_are_skipped_with_the_reason():
+    avail = bench.peers_available(["sdpa", "flex"], None, NO_TORCH)
+    assert avail["sdpa"] == avail["flex"] == {"available": False, "reason": NO_TORCH}
+    assert avail["cudnn"] == {"available": False, "reason": "not requested (--peers)"}
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """A recording backend as the device, and no torch: hipkernel is 'timed' by the backend's
+    events (1 ms a call, as the fake reports), every peer is skipped with the reason."""
+    be = RecordingBackend()
+    monkeypatch.setattr(bench, "open_backend", lambda kernel: be)
+    monkeypatch.setattr(bench, "probe_torch", lambda: (None, NO_TORCH))
+    monkeypatch.setenv("HIPKERNEL_TUNE", "0")  # no autotune sweep on the fake
+    return be
+
+
+def test_without_torch_hipkernel_is_timed_and_peers_are_skipped(capsys, fake_gpu, tmp_path):
+    path = tmp_path / "gpu" / "bench.json"
+    code, out, err = run_cli(capsys, "bench", "--shapes", "gptoss-16@0,gptoss-16@32-w8",
+                             "--json", str(path))
+    assert code == 0, err
+    rec = json.loads(path.read_text())
+    assert rec["kind"] == "bench" and rec["ok"] is True and rec["device"] == "no device"
+    assert {"shapes", "ceilings", "flop_formula", "peers_available", "kernel_source_hash"} <= set(rec)
+    assert rec["flop_formula"] == bench.FLOP_FORMULA
+    assert rec["ceilings"] == {"reason": NO_TORCH}
+    assert all(v == {"available": False, "reason": NO_TORCH} for v in rec["peers_available"].values())
+    assert "backend events" in rec["timing"]["method"] and rec["timing"]["reps"] == 30
+    assert [r["name"] for r in rec["shapes"]] == ["gptoss-16@0", "gptoss-16@32-w8"]
+    for r in rec["shapes"]:
+        hk = r["hipkernel"]
+        assert hk["sink"]["ms"] == hk["nosink"]["ms"] == 1.0 and hk["error"] is None
+        assert hk["sink"]["tflops"] == pytest.approx(r["flops"] / 1e9 / 1.0)
+        assert hk["resident_time_ms"] == 1.0 and hk["config"] == "default (autotune off)"
+        assert {p["status"] for p in r["peers"].values()} == {"n/a"}
+        assert r["best_peer"] is None and r["ratio"] is None and r["target"] is None
+    # the launches were the kernel's, with and without the sink
+    modes = {launch["args"][11] for launch in fake_gpu.launches}
+    assert modes == {0, 1}
+    assert "FLOPs = 4 * d * Hq * B" in out and "gptoss-16@32-w8" in out and f"wrote {path}" in out
+    assert "peers: sdpa no" in err  # progress on stderr
+
+
+def test_json_to_stdout_and_the_table_to_stderr(capsys, fake_gpu):
+    code, out, err = run_cli(capsys, "bench", "--shapes", "gptoss-16@0", "--peers", "flex",
+                             "--json", "-", "-q")
+    assert code == 0, err
+    rec = json.loads(out)
+    assert rec["peers_requested"] == ["flex"]
+    assert rec["peers_available"]["sdpa"]["reason"] == "not requested (--peers)"
+    assert rec["shapes"][0]["peers"]["sdpa"]["reason"] == "not requested (--peers)"
+    assert "gptoss-16@0" in err  # the table
+    assert not any(line.startswith("[") for line in err.splitlines())  # no progress with -q
+
+
+def test_a_missed_target_is_reported_and_fails_only_with_strict(capsys, fake_gpu, tmp_path):
+    argv = ["bench", "--shapes", "gptoss-512@512-w128", "--json", str(tmp_path / "b.json"), "-q"]
+    code, out, _ = run_cli(capsys, *argv)
+    assert code == 0 and "MISS 33.33x" in out  # 1 ms measured by the fake, target 0.03 ms
+    assert json.loads((tmp_path / "b.json").read_text())["shapes"][0]["target"]["hit"] is False
+    code, _, _ = run_cli(capsys, *argv, "--strict")
+    assert code == 1
+
+
+def test_a_hipkernel_failure_is_recorded_and_exits_1(capsys, fake_gpu, tmp_path, monkeypatch):
+    def broken(self):
+        raise RuntimeError("kernel exploded")
+    monkeypatch.setattr(bench.ShapeBench, "setup", broken)
+    code, out, _ = run_cli(capsys, "bench", "--shapes", "gptoss-16@0", "--json",
+                           str(tmp_path / "b.json"), "-q")
+    rec = json.loads((tmp_path / "b.json").read_text())
+    assert code == 1 and rec["ok"] is False
+    assert rec["shapes"][0]["hipkernel"]["error"] == "RuntimeError: kernel exploded"
+    assert "ERROR" in out and "kernel exploded" in out
+
+
+def test_default_json_path():
+    assert bench.default_json_path("NVIDIA H200") == Path("reports/gpu/bench-h200.json")
+    assert bench.default_json_path("NVIDIA A100-SXM4-80GB") == Path(
+        "reports/gpu/bench-nvidia-a100-sxm4-80gb.json")
+
+
+# --------------------------------------------------------------------------- rows, ratio, targets
+
+def hk(ms, shape):
+    return bench.timing_result([ms * 1.1, ms, ms * 0.9], shape.flops())
+
+
+def peers(**kw):
+    """name=ms (timed) or name=status string."""
+    out = {}
+    for name in bench.PEERS:
+        x = kw.get(name, "n/a")
+        sink = bench.PEER_SINK[name]
+        out[name] = (bench.peer_result("ok", ms=x, flops=1e9, variant="v", rel_l2=1e-4, sink=sink)
+                     if isinstance(x, float) else bench.peer_result(x, reason=f"{name} {x}", sink=sink))
+    return out
+
+
+def test_timing_result_takes_the_median():
+    r = bench.timing_result([3.0, 1.0, 2.0, 100.0, 2.5], flops=2e9)
+    assert r["ms"] == 2.5 and r["tflops"] == pytest.approx(2e9 / 2.5 / 1e9)
+    assert (r["n"], r["min_ms"], r["max_ms"]) == (5, 1.0, 100.0)
+
+
+def test_best_peer_is_the_fastest_timed_one():
+    assert bench.best_peer(peers(sdpa=0.2, cudnn=0.15, flex=0.3)) == "cudnn"
+    assert bench.best_peer(peers(sdpa=0.2, cudnn="mismatch", flex=0.3)) == "sdpa"
+    assert bench.best_peer(peers()) is None
+
+
+def test_ratio_is_like_for_like_with_the_best_peer():
+    s = bench.parse_shape("gptoss-512@8192")
+    # best is cudnn (no sink): hipkernel's no-sink time over it
+    row = bench.shape_row(s, s.flops(), hk(0.24, s), hk(0.20, s), peers(sdpa=0.25, cudnn=0.16, flex=0.4))
+    assert row["best_peer"] == "cudnn" and row["ratio_basis"] == "no sink"
+    assert row["ratio"] == pytest.approx(0.20 / 0.16) and row["best_peer_ms"] == 0.16
+    # best is flex (sink): hipkernel's sink time over it
+    row = bench.shape_row(s, s.flops(), hk(0.24, s), hk(0.20, s), peers(flex=0.30, sdpa="mismatch"))
+    assert row["best_peer"] == "flex" and row["ratio_basis"] == "sink"
+    assert row["ratio"] == pytest.approx(0.24 / 0.30)
+    row = bench.shape_row(s, s.flops(), hk(0.24, s), hk(0.20, s), peers())
+    assert row["best_peer"] is None and row["ratio"] is None and row["ratio_basis"] is None
+
+
+def test_target_hit_and_miss_use_the_sink_time():
+    s = bench.parse_shape("gptoss-512@8192")  # target 0.25 ms
+    hit = bench.shape_row(s, s.flops(), hk(0.25, s), hk(0.30, s), peers())["target"]
+    assert hit == {"ms": 0.25, "measured_ms": 0.25, "ratio": pytest.approx(1.0), "hit": True}
+    miss = bench.shape_row(s, s.flops(), hk(0.30, s), hk(0.20, s), peers())["target"]
+    assert miss["hit"] is False and miss["ratio"] == pytest.approx(1.2)
+    failed = bench.shape_row(s, s.flops(), None, None, peers(), error="RuntimeError: x")["target"]
+    assert failed["hit"] is None and failed["measured_ms"] is None
+    d = bench.parse_shape("d128-512@8192")
+    assert bench.shape_row(d, d.flops(), hk(1.0, d), hk(1.0, d), peers())["target"] is None
+
+
+def window_rows(*ms):
+    return [bench.shape_row(s, s.flops(), hk(m, s), hk(m, s), peers())
+            for s, m in zip(map(bench.parse_shape, bench.FLAT_GROUP), ms)]
+
+
+def test_window_flatness_across_the_cache():
+    flat = bench.judge_targets(window_rows(0.020, 0.021, 0.0215))
+    assert flat["flat"]["hit"] is True and flat["flat"]["spread"] == pytest.approx(1.075)
+    assert flat["hits"] == list(bench.FLAT_GROUP) and flat["misses"] == []
+    steep = bench.judge_targets(window_rows(0.020, 0.025, 0.031))
+    assert steep["flat"]["hit"] is False and steep["flat"]["spread"] == pytest.approx(1.55)
+    assert steep["misses"] == ["gptoss-512@15872-w128"]  # 0.031 > 0.03
+    assert bench.judge_targets(window_rows(0.02, 0.02))["flat"] is None  # one shape not run
+
+
+def fake_body():
+    rows = window_rows(0.020, 0.021, 0.0215)
+    s = bench.parse_shape("gptoss-512@8192")
+    rows.append(bench.shape_row(s, s.flops(), hk(0.30, s), hk(0.28, s),
+                                peers(sdpa=0.26, cudnn="mismatch", flex=0.5), config="m4_b64",
+                                resident_ms=0.35))
+    ceilings = {"gemm_fp16": {"n": 8192, "flops": 2.0 * 8192 ** 3, "ms": 1.5,
+                              "tflops": 2.0 * 8192 ** 3 / 1.5 / 1e9, "formula": "2 * n^3"},
+                "copy": {"bytes": 2 << 30, "ms": 0.514, "tbps": (2 << 30) / 0.514 / 1e9,
+                         "formula": "read + write"}}
+    avail = {p: {"available": True, "reason": f"{p} ok"} for p in bench.PEERS}
+    timing = {"method": "events", "statistic": "median", "warmup": 5, "reps": 30}
+    meta = {"kernel": "hipkernel", "device": "NVIDIA H200", "arch": "sm_90", "torch": "2.11.0"}
+    return bench.make_body(rows, ceilings=ceilings, peers_available=avail, timing=timing, meta=meta)
+
+
+def test_the_record_body_from_fake_timings():
+    from hipkernel import record
+
+    body = fake_body()
+    rec = record.stamp("bench", "NVIDIA H200", body, ok=bench.body_ok(body))
+    doc = json.loads(json.dumps(rec, allow_nan=False))
+    assert doc["kind"] == "bench" and doc["ok"] is True and doc["device"] == "NVIDIA H200"
+    assert record.check_record(doc) == []
+    assert doc["flop_formula"] == bench.FLOP_FORMULA
+    assert set(doc["ceilings"]) == {"gemm_fp16", "copy"}
+    assert set(doc["peers_available"]) == set(bench.PEERS)
+    row = doc["shapes"][-1]
+    assert set(row) == {"name", "geometry", "flops", "hipkernel", "peers", "best_peer", "best_peer_ms",
+                        "ratio", "ratio_basis", "target"}
+    assert row["geometry"] == {"name": "gptoss-512@8192", "family": "gptoss", "B": 1, "Hq": 64, "Hkv": 8,
+                               "d": 64, "sq": 512, "past_len": 8192, "skv": 8704, "window": -1,
+                               "dtype": "fp16"}
+    assert set(row["hipkernel"]) == {"sink", "nosink", "config", "resident_time_ms", "error"}
+    assert set(row["hipkernel"]["sink"]) >= {"ms", "tflops", "n"}
+    assert set(row["peers"]["sdpa"]) == {"status", "ms", "tflops", "sink", "variant", "rel_l2",
+                                         "reason", "rejected"}
+    assert row["best_peer"] == "sdpa" and row["ratio"] == pytest.approx(0.28 / 0.26)
+    assert doc["targets"]["misses"] == ["gptoss-512@8192"] and doc["targets"]["flat"]["hit"] is True
+
+
+def test_the_table_from_fake_timings():
+    text = bench.format_report(fake_body())
+    assert bench.FLOP_FORMULA in text
+    assert "fp16 GEMM 8192^3 1.500 ms = 733 TF/s" in text and "4.18 TB/s" in text
+    line = next(x for x in text.splitlines() if x.startswith("gptoss-512@8192 "))
+    assert "0.3000" in line and "0.2800" in line and "0.2600" in line and "mismatch" in line
+    assert "1.08x (no sink)" in line and "MISS 1.20x" in line
+    assert "hit 0.67x" in next(x for x in text.splitlines() if x.startswith("gptoss-512@512-w128"))
+    assert "targets (hipkernel with sink): 3 hit, 1 missed (gptoss-512@8192)" in text
+    assert "max/min = 1.075 (limit 1.10) hit" in text
+    assert "gptoss-512@8192 cudnn: mismatch: cudnn mismatch" in text
+
+
+def test_when_every_peer_disagrees_the_kernel_is_the_suspect():
+    s = bench.parse_shape("gptoss-512@8192")
+    row = bench.shape_row(s, s.flops(), hk(0.2, s), hk(0.2, s), peers(sdpa="mismatch", flex="mismatch"))
+    body = bench.make_body([row], ceilings={}, peers_available={}, timing={}, meta={})
+    assert "every peer that ran disagrees with hipkernel: suspect the kernel" in bench.format_report(body)
+    row = bench.shape_row(s, s.flops(), hk(0.2, s), hk(0.2, s), peers(sdpa=0.3, flex="mismatch"))
+    body = bench.make_body([row], ceilings={}, peers_available={}, timing={}, meta={})
+    assert "suspect the kernel" not in bench.format_report(body)
+
+
+def test_why_no_configuration_ran_groups_the_errors():
+    why = bench._why_none_ran(["a, native GQA: RuntimeError: no kernel",
+                               "b, native GQA: RuntimeError: no kernel",
+                               "a, KV heads repeated x8: ValueError: bad"])
+    assert why == ("RuntimeError: no kernel (tried: a, native GQA; b, native GQA); "
+                   "ValueError: bad (tried: a, KV heads repeated x8)")
