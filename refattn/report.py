@@ -1,0 +1,960 @@
+"""`refattn report`: one readable report of everything the harness knows, and a baseline diff.
+
+    refattn report [--in DIR] [--out DIR] [--baseline PATH] [--check] [--update-baseline]
+
+The story, top to bottom:
+
+1. **Collect** (:func:`collect`) what is in ``--in`` (default ``reports/``):
+   ``run-*.json`` (``refattn run --report``: one kernel over cases, ``MatrixResult.to_json``),
+   ``mutants-*.json`` (``refattn mutants --json``: a kill matrix, ``KillMatrix.to_json``) and
+   the GPU records ``gpu/*.json`` (``hipkernel.record``: kinds ``matrix``, ``mutants``,
+   ``measure``, ``bench``, ``reliability``). A missing input is reported as missing; an
+   unreadable one is reported as a failure. Nothing here crashes on a bad file.
+2. **Build** (:func:`build`) the document ``latest.json`` (``"schema": 1``): a summary, one
+   row per (kernel, suite, case), the kill matrices, the GPU records with their freshness
+   (recorded ``kernel_source_hash`` against ``hipkernel.api.source_hash()``, imported lazily:
+   without hipkernel freshness is ``unknown``), the GPU per-call timings and the benchmark
+   table with ratios to peers.
+3. **Diff** (:func:`diff`) it against the committed baseline (``--baseline``, default
+   ``<in>/baseline.json``, same schema). A *regression* is one of
+
+   * a case that was ``pass`` and now is not (``fail``, ``error``, ``contract-violation``,
+     or ``declined``: a kernel that stops computing a case loses coverage);
+   * a relL2 that grew by more than :data:`REL_L2_GROWTH` (2x); compared only where both
+     the baseline's and the current relL2 are > 0 (a case at 0 that moves beyond its derived
+     gate is already a failure);
+   * a mutant that was killed and now survives (unless marked ``equivalent``: a bug that no
+     fp16 output can show, see ``refattn.mutants``);
+   * a GPU record that is stale (hash mismatch) or failing (needs no baseline);
+   * a benchmark ratio (peer time / our time, higher is better) that dropped by more than
+     :data:`BENCH_WORSE` (15 %).
+
+   A *failure* is the current state alone, baseline or not: a case not ``pass``/``declined``,
+   a surviving mutant (not ``equivalent``), a clean kernel that fails its own matrix, an
+   unreadable input. ``--check`` exits 1 when there is any of either and prints one line
+   for each.
+4. **Render** ``latest.md`` (summary line first, then tables; GitHub-readable) and, when
+   matplotlib is importable (``pip install refattn[plot]``), PNG plots in ``<out>/plots/``:
+   relL2 per case on a log axis with both gates, GPU per-call time against past_len (full vs
+   windowed), an error heatmap (head x row) of the case with the largest relL2 (re-run on
+   the CPU when it costs under :data:`HEATMAP_MAX_FLOPS`), and each kill-matrix grid.
+5. **Print** the summary line (and the findings) to stdout for the CI log.
+   ``--update-baseline`` copies the new ``latest.json`` to the baseline path; nothing else
+   ever writes the baseline.
+
+Benchmark records (``kind: "bench"``): ``hipkernel.bench`` writes ``"shapes": [{"name",
+"hipkernel": {"sink": {"ms", "tflops"}, "nosink": {...}}, "peers": {name: {"status", "ms",
+"sink"}}}]``; each timed peer's ratio is peer ms / hipkernel ms in the same sink mode.
+Other writers may use the simpler body::
+
+    "rows": [{"case": "gptoss-past8192-w128", "kernel_ms": 0.11, "tflops": 152.0,
+              "peers": {"torch-sdpa": 0.25, "flex": {"ms": 0.19}}}]
+
+(``results``/``cases`` for ``rows``, ``name`` for ``case``, ``ms``/``time_ms``/``median_ms``
+for ``kernel_ms`` and a list ``[{"peer"|"name": ..., "ms": ...}]`` for ``peers`` are accepted
+too). ratio = peer ms / kernel ms, so > 1 means our kernel is faster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import importlib
+import json
+import math
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from refattn.cli import EXIT_FAIL, EXIT_OK, UsageError, _safe_name
+from refattn.metrics import SEED_GATE_REL_L2
+from refattn.runner import ACCEPTABLE
+
+SCHEMA = 1
+REL_L2_GROWTH = 2.0  # a relL2 more than 2x its baseline value is a regression
+BENCH_WORSE = 0.15  # a peer ratio more than 15 % below its baseline value is a regression
+HEATMAP_MAX_FLOPS = 5e9  # re-run a case for the heatmap only below this (a few s on a CPU)
+PLOTS_MISSING = "plots skipped: matplotlib not installed (pip install refattn[plot])"
+
+
+# --------------------------------------------------------------------------- small helpers
+
+def _num(x) -> float | None:
+    """A JSON-safe float: None for missing, non-numeric or NaN."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    x = float(x)
+    return None if math.isnan(x) else x
+
+
+def _e(x) -> str:
+    return "-" if x is None else f"{x:.2e}"
+
+
+def _ms(x) -> str:
+    return "-" if x is None else f"{x:.4g} ms"
+
+
+def _md(text) -> str:
+    """A Markdown table cell: pipes escaped, newlines flattened."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header: list[str], rows: list[list]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(_md(c) for c in r) + " |" for r in rows]
+    return out
+
+
+def current_source_hash() -> str | None:
+    """``hipkernel.api.source_hash()``, or None when hipkernel cannot be imported here.
+    Imported by string: refattn does not depend on hipkernel (docs/ARCHITECTURE.md)."""
+    try:
+        return importlib.import_module("hipkernel.api").source_hash()
+    except Exception:  # noqa: BLE001 - absent or broken hipkernel: freshness is "unknown"
+        return None
+
+
+# --------------------------------------------------------------------------- 1. collect
+
+@dataclass
+class Collected:
+    """Everything read from ``--in``: each document with its path relative to ``--in``."""
+
+    in_dir: Path
+    runs: list[tuple[str, dict]] = field(default_factory=list)  # (file, MatrixResult json)
+    kill: list[tuple[str, dict]] = field(default_factory=list)  # (file, KillMatrix json)
+    gpu: list[tuple[str, dict]] = field(default_factory=list)  # (file, GPU record)
+    missing: list[str] = field(default_factory=list)
+    unreadable: list[tuple[str, str]] = field(default_factory=list)  # (file, why)
+
+
+def _read_json(path: Path, root: Path, col: Collected, need: str, what: str) -> dict | None:
+    name = path.relative_to(root).as_posix()
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        col.unreadable.append((name, f"{type(e).__name__}: {e}"))
+        return None
+    if not isinstance(doc, dict) or need not in doc:
+        col.unreadable.append((name, f"not {what} (no {need!r} field)"))
+        return None
+    return doc
+
+
+def collect(in_dir) -> Collected:
+    """Read the run files, kill matrices and GPU records in ``in_dir``."""
+    root = Path(in_dir)
+    col = Collected(root)
+    if not root.is_dir():
+        col.missing.append(f"{root}/: no such directory")
+        return col
+    for pattern, need, into, what, label, how in (
+            ("run-*.json", "results", col.runs, "a run file", "CPU run files", "refattn run --report DIR"),
+            ("mutants-*.json", "mutants", col.kill, "a kill matrix", "kill matrices",
+             "refattn mutants --json PATH")):
+        files = sorted(root.glob(pattern))
+        if not files:
+            col.missing.append(f"{label}: no {root}/{pattern} ({how})")
+        for f in files:
+            doc = _read_json(f, root, col, need, what)
+            if doc is not None:
+                into.append((f.relative_to(root).as_posix(), doc))
+    gpu_files = sorted((root / "gpu").glob("*.json"))
+    if not gpu_files:
+        col.missing.append(f"GPU records: no {root}/gpu/*.json")
+    for f in gpu_files:
+        doc = _read_json(f, root, col, "kind", "a GPU record")
+        if doc is not None:
+            col.gpu.append((f.relative_to(root).as_posix(), doc))
+    return col
+
+
+# --------------------------------------------------------------------------- 2. build
+
+def _case_rows(doc: dict, kernel: str, source: str, origin: str, params: dict) -> list[dict]:
+    rows = []
+    for r in doc.get("results") or []:
+        if not isinstance(r, dict):
+            continue
+        row = {
+            "kernel": kernel, "suite": str(r.get("suite") or "?"), "case": str(r.get("case") or "?"),
+            "outcome": str(r.get("outcome") or "?"), "rel_l2": _num(r.get("rel_l2")),
+            "max_abs": _num(r.get("max_abs")), "max_abs_at": r.get("max_abs_at"),
+            "gate": _num(r.get("gate")), "gate_max_abs": _num(r.get("gate_max_abs")),
+            "seed_gate_pass": r.get("seed_gate_pass"), "baseline_rel_l2": _num(r.get("baseline_rel_l2")),
+            "n_nan": r.get("n_nan"), "n_inf": r.get("n_inf"), "time_s": _num(r.get("time_s")),
+            "note": str(r.get("note") or ""), "describe": (r.get("params") or {}).get("describe", ""),
+            "source": source, "origin": origin,
+        }
+        rows.append(row)
+        if isinstance(r.get("params"), dict):
+            params[(kernel, row["suite"], row["case"])] = r["params"]
+    return rows
+
+
+def _equivalent(m: dict) -> str | None:
+    """Why mutant ``m`` cannot show in an fp16 output (so surviving is no failure), or None.
+    Files written before kill matrices carried ``equivalent`` fall back to the catalogue."""
+    if "equivalent" in m:
+        return m["equivalent"] or None
+    from refattn.mutants import by_name
+
+    try:
+        return by_name(m.get("name")).equivalent
+    except (ValueError, AttributeError):
+        return None
+
+
+def _kill_entry(doc: dict, label: str, source: str, origin: str) -> dict:
+    mutants = [{"name": str(m.get("name", "?")), "breaks": str(m.get("breaks", "")),
+                "killed": bool(m.get("killed")), "killed_by": list(m.get("killed_by") or []),
+                "killed_by_seed_gate": list(m.get("killed_by_seed_gate") or []),
+                "equivalent": _equivalent(m)}
+               for m in doc.get("mutants") or [] if isinstance(m, dict)]
+    clean_ok = doc.get("clean_ok") is not False
+    return {"kernel": label, "source": source, "origin": origin, "clean_ok": clean_ok,
+            "clean_failures": list(doc.get("clean_failures") or []),
+            "cases": list(doc.get("cases") or []), "mutants": mutants,
+            "ok": clean_ok and all(m["killed"] or m["equivalent"] for m in mutants)}
+
+
+def _gpu_kernel(rec: dict, source: str) -> str:
+    """Label of a GPU record's kernel: ``hipkernel:cuda@h200`` (kernel or backend @ file stem)."""
+    k = rec.get("kernel") or ("hipkernel:" + rec["backend"] if rec.get("backend") else "hipkernel")
+    return f"{k}@{Path(source).stem}"
+
+
+def _gpu_entry(source: str, rec: dict, current: str | None) -> dict:
+    h = rec.get("kernel_source_hash")
+    if not isinstance(h, str) or current is None:
+        freshness = "unknown"
+    else:
+        freshness = "fresh" if h == current else "stale"
+    problems = [f"missing field {k!r}" for k in ("schema", "kind", "kernel_source_hash", "device", "ok")
+                if k not in rec]
+    if freshness == "stale":
+        problems.append(f"stale: recorded hash {h[:12]} != current kernel source {current[:12]}")
+    if rec.get("ok") is False:
+        problems.append("the recorded run failed" + _gpu_failure_detail(rec))
+    return {"file": source, "kind": str(rec.get("kind")), "device": rec.get("device"),
+            "date": rec.get("date"), "backend": rec.get("backend"), "kernel_source_hash": h,
+            "ok": rec.get("ok"), "freshness": freshness, "problems": problems}
+
+
+def _gpu_failure_detail(rec: dict) -> str:
+    bad = [f"{r.get('case', '?')}:{r.get('outcome')}" for r in rec.get("results") or []
+           if isinstance(r, dict) and r.get("outcome") not in ACCEPTABLE]
+    survivors = [str(m.get("name")) for m in rec.get("mutants") or []
+                 if isinstance(m, dict) and not m.get("killed") and not m.get("equivalent")]
+    parts = (["cases " + ", ".join(bad[:5])] if bad else []) + \
+            (["surviving mutants " + ", ".join(survivors)] if survivors else [])
+    return ": " + "; ".join(parts) if parts else ""
+
+
+def _measure_entry(source: str, rec: dict) -> dict:
+    rows = [{"sq": r.get("sq"), "past_len": r.get("past_len"), "window": r.get("window"),
+             "sink": r.get("sink"), "ms": _num(r.get("ms")), "tflops": _num(r.get("tflops"))}
+            for r in rec.get("per_call") or [] if isinstance(r, dict)]
+    return {"source": source, "device": rec.get("device"), "per_call": rows,
+            "window_spread": _num(rec.get("window128_spread")),
+            "window_flat": rec.get("window128_flat_within_10pct"),
+            "chunked_16k": rec.get("chunked_16k")}
+
+
+def _first(d: dict, keys):
+    for k in keys:
+        if k in d:
+            return d[k]
+    return None
+
+
+def _bench_entry(source: str, rec: dict) -> dict:
+    """The benchmark table of one bench record (tolerant; see the module docstring)."""
+    rows = []
+    for r in rec.get("shapes") or []:  # hipkernel.bench's record (the one this project writes)
+        if not isinstance(r, dict):
+            continue
+        hk = r.get("hipkernel") or {}
+        ours = _num((hk.get("sink") or {}).get("ms"))
+        peers = []
+        for name, p in (r.get("peers") or {}).items():
+            if not isinstance(p, dict) or p.get("status") != "ok":
+                continue
+            mine = _num((hk.get("sink" if p.get("sink") else "nosink") or {}).get("ms"))
+            ms = _num(p.get("ms"))
+            peers.append({"peer": str(name), "ms": ms,
+                          "ratio": ms / mine if ms is not None and mine else None})
+        rows.append({"case": str(r.get("name") or "?"), "kernel_ms": ours,
+                     "tflops": _num((hk.get("sink") or {}).get("tflops")), "peers": peers})
+    if rows:
+        return {"source": source, "device": rec.get("device"), "rows": rows}
+    for r in _first(rec, ("rows", "results", "cases", "benchmarks")) or []:
+        if not isinstance(r, dict):
+            continue
+        ours = _num(_first(r, ("kernel_ms", "ms", "time_ms", "median_ms")))
+        peers_raw = r.get("peers") or {}
+        if isinstance(peers_raw, list):
+            peers_raw = {str(p.get("peer") or p.get("name")): p for p in peers_raw if isinstance(p, dict)}
+        peers = []
+        for name, p in peers_raw.items() if isinstance(peers_raw, dict) else ():
+            ms = _num(p) if not isinstance(p, dict) else _num(_first(p, ("ms", "time_ms", "median_ms")))
+            ratio = _num(p.get("ratio")) if isinstance(p, dict) and "ratio" in p else None
+            if ratio is None and ms is not None and ours:
+                ratio = ms / ours
+            peers.append({"peer": str(name), "ms": ms, "ratio": ratio})
+        rows.append({"case": str(_first(r, ("case", "name")) or "?"), "kernel_ms": ours,
+                     "tflops": _num(r.get("tflops")), "peers": peers})
+    return {"source": source, "device": rec.get("device"), "rows": rows}
+
+
+def build(col: Collected, current_hash: str | None = None, *, params: dict | None = None) -> dict:
+    """The ``latest.json`` document, before the diff (:func:`make_report` adds ``baseline``,
+    ``findings``, ``summary`` and ``plots``). ``params`` is filled with
+    ``(kernel, suite, case) -> case as data`` for re-running the heatmap case."""
+    params = {} if params is None else params
+    cases, kill, gpu, measure, bench = [], [], [], [], []
+    for source, doc in col.runs:
+        cases += _case_rows(doc, str(doc.get("kernel") or Path(source).stem[4:]), source, "run", params)
+    for source, doc in col.kill:
+        kill.append(_kill_entry(doc, str(doc.get("kernel") or Path(source).stem[8:]), source, "run"))
+    for source, rec in col.gpu:
+        gpu.append(_gpu_entry(source, rec, current_hash))
+        kind = rec.get("kind")
+        if kind == "matrix":
+            cases += _case_rows(rec, _gpu_kernel(rec, source), source, "gpu-record", params)
+        elif kind == "mutants":
+            kill.append(_kill_entry(rec, _gpu_kernel(rec, source), source, "gpu-record"))
+        elif kind == "measure":
+            measure.append(_measure_entry(source, rec))
+        elif kind == "bench":
+            bench.append(_bench_entry(source, rec))
+    missing = list(col.missing)
+    if col.gpu and not measure:
+        missing.append("GPU measure record: none (per-call time vs past_len not available)")
+    if col.gpu and not bench:
+        missing.append("GPU bench record: none (no benchmark table)")
+    return {
+        "schema": SCHEMA,
+        "generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "inputs": {"dir": str(col.in_dir), "runs": [s for s, _ in col.runs],
+                   "kill_matrices": [s for s, _ in col.kill], "gpu": [s for s, _ in col.gpu],
+                   "missing": missing,
+                   "unreadable": [{"file": f, "why": w} for f, w in col.unreadable]},
+        "current_source_hash": current_hash,
+        "cases": cases, "kill_matrices": kill, "gpu_records": gpu, "measure": measure,
+        "bench": bench,
+    }
+
+
+# --------------------------------------------------------------------------- 3. diff
+
+@dataclass
+class Finding:
+    """One line of ``--check``: ``<kind>: <what>: <where>: <before> -> <after>``."""
+
+    kind: str  # "regression" | "failure"
+    what: str
+    where: str
+    before: str
+    after: str
+    key: tuple = ()
+
+    def line(self) -> str:
+        return f"{self.kind}: {self.what}: {self.where}: {self.before} -> {self.after}"
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "what": self.what, "where": self.where,
+                "before": self.before, "after": self.after, "line": self.line()}
+
+
+def _case_key(r: dict) -> tuple:
+    return ("case", r.get("kernel"), r.get("suite"), r.get("case"))
+
+
+def _case_where(r: dict) -> str:
+    return f"{r.get('kernel')} {r.get('suite')}/{r.get('case')}"
+
+
+def _outcome_text(r: dict) -> str:
+    o = r.get("outcome")
+    if r.get("n_nan") or r.get("n_inf"):
+        return f"{o} ({r.get('n_nan') or 0} NaN, {r.get('n_inf') or 0} Inf)"
+    if r.get("rel_l2") is not None:
+        return f"{o} (relL2 {_e(r['rel_l2'])}, gate {_e(r.get('gate'))})"
+    return f"{o} ({r['note']})" if r.get("note") else str(o)
+
+
+def _bench_ratios(doc: dict) -> dict:
+    return {("bench", b.get("source"), row.get("case"), p.get("peer")): p.get("ratio")
+            for b in doc.get("bench") or [] for row in b.get("rows") or [] for p in row.get("peers") or []}
+
+
+def diff(latest: dict, baseline: dict | None) -> list[Finding]:
+    """Regressions of ``latest`` against ``baseline`` (None: no baseline) and the current
+    failures, each once (a failure that is also a regression is listed as the regression)."""
+    found: list[Finding] = []
+    base_cases = {_case_key(r): r for r in (baseline or {}).get("cases") or []}
+    for r in latest.get("cases") or []:
+        b = base_cases.get(_case_key(r))
+        if b is None:
+            continue
+        if b.get("outcome") == "pass" and r.get("outcome") != "pass":
+            found.append(Finding("regression", "case no longer passes", _case_where(r),
+                                 _outcome_text(b), _outcome_text(r), _case_key(r)))
+            continue
+        old, new = b.get("rel_l2"), r.get("rel_l2")
+        if old is not None and new is not None and old > 0 and new > 0 and new > REL_L2_GROWTH * old:
+            found.append(Finding("regression", f"relL2 grew {new / old:.1f}x", _case_where(r),
+                                 _e(old), _e(new), ("rel_l2",) + _case_key(r)[1:]))
+
+    base_kill = {("mutant", k.get("kernel"), m.get("name")): m
+                 for k in (baseline or {}).get("kill_matrices") or [] for m in k.get("mutants") or []}
+    for k in latest.get("kill_matrices") or []:
+        for m in k.get("mutants") or []:
+            key = ("mutant", k.get("kernel"), m.get("name"))
+            b = base_kill.get(key)
+            if b is not None and b.get("killed") and not m.get("killed") and not m.get("equivalent"):
+                found.append(Finding("regression", "mutant survives", f"kill matrix {k.get('kernel')} / "
+                                     f"{m.get('name')}", f"killed by {len(b.get('killed_by') or [])} cases",
+                                     "survives every case", key))
+
+    base_gpu = {g.get("file"): g for g in (baseline or {}).get("gpu_records") or []}
+    for g in latest.get("gpu_records") or []:
+        where = f"{g.get('file')} ({g.get('kind')}, {g.get('device')})"
+        b = base_gpu.get(g.get("file")) or {}
+        if g.get("freshness") == "stale":
+            h, cur = g.get("kernel_source_hash") or "", latest.get("current_source_hash") or ""
+            found.append(Finding("regression", "GPU record stale", where,
+                                 f"recorded for kernel source {h[:12]}",
+                                 f"current kernel source {cur[:12]} (re-run on the GPU)",
+                                 ("gpu-stale", g.get("file"))))
+        if g.get("ok") is False:
+            before = "ok" if b.get("ok") is True else ("failed" if b.get("ok") is False else "-")
+            detail = next((p for p in g.get("problems") or [] if p.startswith("the recorded run failed")),
+                          "the recorded run failed")
+            found.append(Finding("regression", "GPU record failing", where, before,
+                                 detail.replace("the recorded run ", ""), ("gpu-failing", g.get("file"))))
+
+    base_ratio = _bench_ratios(baseline or {})
+    for key, new in _bench_ratios(latest).items():
+        old = base_ratio.get(key)
+        if old is None or new is None or old <= 0:
+            continue
+        if new < (1.0 - BENCH_WORSE) * old:
+            _, source, case, peer = key
+            found.append(Finding("regression", f"bench ratio worse by {100 * (1 - new / old):.0f}%",
+                                 f"{source} {case} vs {peer}", f"{old:.2f}x", f"{new:.2f}x", key))
+
+    seen = {f.key for f in found}
+    base_known = baseline is not None
+
+    def before_of(b) -> str:
+        return "no baseline" if not base_known else ("not in baseline" if b is None else b)
+
+    for r in latest.get("cases") or []:
+        if r.get("outcome") not in ACCEPTABLE and _case_key(r) not in seen:
+            b = base_cases.get(_case_key(r))
+            found.append(Finding("failure", "case fails", _case_where(r),
+                                 before_of(None if b is None else _outcome_text(b)),
+                                 _outcome_text(r), _case_key(r)))
+    for k in latest.get("kill_matrices") or []:
+        if not k.get("clean_ok"):
+            found.append(Finding("failure", "clean kernel fails its matrix", f"kill matrix {k.get('kernel')}",
+                                 "-", "fails " + ", ".join(k.get("clean_failures") or ["?"])))
+        for m in k.get("mutants") or []:
+            key = ("mutant", k.get("kernel"), m.get("name"))
+            if not m.get("killed") and not m.get("equivalent") and key not in seen:
+                b = base_kill.get(key)
+                found.append(Finding("failure", "mutant survives", f"kill matrix {k.get('kernel')} / "
+                                     f"{m.get('name')}",
+                                     before_of(None if b is None else ("killed" if b.get("killed") else "survived")),
+                                     "survives every case", key))
+    for u in (latest.get("inputs") or {}).get("unreadable") or []:
+        found.append(Finding("failure", "input unreadable", str(u.get("file")), "-", str(u.get("why"))))
+    return found
+
+
+# --------------------------------------------------------------------------- summary
+
+def _suite_counts(rows: list[dict]) -> dict:
+    """{kernel: {suite: {outcome: n, ..., "total": n}}} in order of appearance."""
+    out: dict = {}
+    for r in rows:
+        c = out.setdefault(r["kernel"], {}).setdefault(r["suite"], {"total": 0})
+        c[r["outcome"]] = c.get(r["outcome"], 0) + 1
+        c["total"] += 1
+    return out
+
+
+def _suite_text(suite: str, c: dict) -> str:
+    n, p, d = c["total"], c.get("pass", 0), c.get("declined", 0)
+    bad = n - p - d
+    if d == n:
+        return f"{suite} {d} declined"
+    extra = [f"{d} declined"] * bool(d) + [f"{bad} FAILED"] * bool(bad)
+    return f"{suite} {p}/{n - d} pass" + (f" ({', '.join(extra)})" if extra else "")
+
+
+def _kill_counts(k: dict) -> tuple[int, int, int]:
+    """(killed, mutants that must be killed, equivalent mutants that survive): an equivalent
+    mutant that is killed anyway counts as killed."""
+    must = [m for m in k["mutants"] if m["killed"] or not m["equivalent"]]
+    return sum(m["killed"] for m in must), len(must), len(k["mutants"]) - len(must)
+
+
+def summarize(doc: dict, findings: list[Finding], baseline_note: str) -> dict:
+    """The summary block of latest.json, with its one-line form under ``line``."""
+    run_rows = [r for r in doc["cases"] if r.get("origin") == "run"]
+    counts = _suite_counts(doc["cases"])
+    parts = []
+    for kernel, suites in _suite_counts(run_rows).items():
+        parts.append(f"{kernel} " + ", ".join(_suite_text(s, c) for s, c in suites.items()))
+    if not run_rows:
+        parts.append("no CPU runs")
+    kills = []
+    for k in doc["kill_matrices"]:
+        killed, n, eq = _kill_counts(k)
+        kills.append({"kernel": k["kernel"], "killed": killed, "must_kill": n, "equivalent": eq,
+                      "clean_ok": k["clean_ok"]})
+        parts.append(f"kill matrix ({k['kernel']}) {killed}/{n} killed"
+                     + (f", {eq} equivalent" if eq else "")
+                     + ("" if k["clean_ok"] else ", clean kernel FAILS"))
+    if not doc["kill_matrices"]:
+        parts.append("no kill matrix")
+    g = {s: sum(r["freshness"] == s for r in doc["gpu_records"]) for s in ("fresh", "stale", "unknown")}
+    g["failing"] = sum(r.get("ok") is False for r in doc["gpu_records"])
+    g["total"] = len(doc["gpu_records"])
+    if g["total"]:
+        parts.append("GPU records " + ", ".join(f"{g[s]} {s}" for s in ("fresh", "stale", "unknown", "failing")
+                                                if g[s] or s == "fresh"))
+    else:
+        parts.append("no GPU records")
+    n_reg = sum(f.kind == "regression" for f in findings)
+    n_fail = sum(f.kind == "failure" for f in findings)
+    tail = f"{n_reg} regression{'s' * (n_reg != 1)}"
+    if baseline_note:
+        tail += f" ({baseline_note})"
+    if n_fail:
+        tail += f", {n_fail} failure{'s' * (n_fail != 1)}"
+    parts.append(tail)
+    return {"line": "report: " + "; ".join(parts), "suites": counts, "kill_matrices": kills,
+            "gpu_records": g, "regressions": n_reg, "failures": n_fail, "ok": not findings}
+
+
+# --------------------------------------------------------------------------- 4. markdown
+
+def _cell_maxabs(r: dict) -> str:
+    if r.get("n_nan") or r.get("n_inf"):
+        return f"{r.get('n_nan') or 0} NaN, {r.get('n_inf') or 0} Inf"
+    at = r.get("max_abs_at")
+    loc = "" if not at else " @ (" + ",".join(map(str, at)) + ")"
+    return "-" if r.get("max_abs") is None else f"{r['max_abs']:.2e}{loc}"
+
+
+def _seed_cell(r: dict) -> str:
+    v = r.get("seed_gate_pass")
+    return "-" if v is None else ("pass" if v else "fail")
+
+
+def render_markdown(doc: dict, plots: dict) -> str:
+    s = doc["summary"]
+    inp = doc["inputs"]
+    base = doc["baseline"]
+    L = [s["line"], "", "# refattn report", "",
+         f"Generated {doc['generated']} from `{inp['dir']}`. Kernel source "
+         f"`{(doc['current_source_hash'] or 'unknown (hipkernel not importable)')[:12]}`. "
+         f"Baseline: {base['note']}.", ""]
+
+    L += ["## Regressions and failures", ""]
+    if doc["findings"]:
+        L += [f"- {_md(f['line'])}" for f in doc["findings"]]
+    else:
+        L.append("None.")
+    L.append("")
+
+    L += ["## Inputs", ""]
+    read = inp["runs"] + inp["kill_matrices"] + inp["gpu"]
+    L.append("Read: " + (", ".join(f"`{f}`" for f in read) if read else "nothing") + ".")
+    L += [""] + [f"- missing: {_md(m)}" for m in inp["missing"]]
+    L += [f"- unreadable: `{u['file']}`: {_md(u['why'])}" for u in inp["unreadable"]]
+    L.append("")
+
+    L += ["## Cases", "",
+          "Derived gate: relL2 <= 2 x baseline relL2 + floor and max-abs <= 2 x baseline max-abs "
+          f"+ floor (DESIGN §4); the seed gate is relL2 <= {SEED_GATE_REL_L2}.", ""]
+    groups: dict = {}
+    for r in doc["cases"]:
+        groups.setdefault((r["kernel"], r["suite"]), []).append(r)
+    if not groups:
+        L += ["No case results.", ""]
+    for (kernel, suite), rows in groups.items():
+        c = s["suites"][kernel][suite]
+        L += [f"### {kernel}: {_suite_text(suite, c)}", "", f"From `{rows[0]['source']}`.", ""]
+        L += _table(["case", "outcome", "relL2", "max-abs @ (b,h,row,col)", "derived gate relL2 / max-abs",
+                     "seed gate", "time"],
+                    [[r["case"], r["outcome"] if r["outcome"] in ACCEPTABLE else f"**{r['outcome']}**",
+                      _e(r["rel_l2"]), _cell_maxabs(r),
+                      "-" if r["gate"] is None else f"{_e(r['gate'])} / {_e(r['gate_max_abs'])}",
+                      _seed_cell(r), "-" if r["time_s"] is None else f"{r['time_s']:.3f} s"]
+                     for r in rows])
+        L.append("")
+
+    L += ["## Kill matrices", ""]
+    if not doc["kill_matrices"]:
+        L += ["No kill matrix.", ""]
+    for k in doc["kill_matrices"]:
+        killed, n, eq = _kill_counts(k)
+        L += [f"### {k['kernel']}: {killed}/{n} mutants killed" + (f", {eq} equivalent" if eq else "")
+              + f" over {len(k['cases'])} cases", "",
+              f"From `{k['source']}`. Clean kernel: "
+              + ("passes." if k["clean_ok"] else "**FAILS** " + ", ".join(k["clean_failures"]) + "."), ""]
+        L += _table(["mutant", "derived gate", "seed gate", "killed by (derived gate)", "what it breaks"],
+                    [[m["name"], f"killed ({len(m['killed_by'])})" if m["killed"] else
+                      ("equivalent" if m["equivalent"] else "**SURVIVES**"),
+                      f"killed ({len(m['killed_by_seed_gate'])})" if m["killed_by_seed_gate"] else "misses",
+                      ", ".join(m["killed_by"][:3]) + (" ..." if len(m["killed_by"]) > 3 else ""),
+                      m["breaks"] + (f" (equivalent at fp16 output: {m['equivalent']})"
+                                     if m["equivalent"] and not m["killed"] else "")]
+                     for m in k["mutants"]])
+        L.append("")
+
+    L += ["## GPU records", ""]
+    if doc["gpu_records"]:
+        L += _table(["file", "kind", "device", "date", "kernel source", "freshness", "ok", "problems"],
+                    [[g["file"], g["kind"], g["device"] or "-", g["date"] or "-",
+                      (g["kernel_source_hash"] or "-")[:12],
+                      g["freshness"] if g["freshness"] != "stale" else "**stale**",
+                      {True: "yes", False: "**no**"}.get(g["ok"], "-"), "; ".join(g["problems"]) or "-"]
+                     for g in doc["gpu_records"]])
+    else:
+        L.append("No GPU records.")
+    L.append("")
+
+    for m in doc["measure"]:
+        L += [f"## Per-call time on the GPU ({m['device']}, `{m['source']}`)", ""]
+        L += _table(["sq", "past_len", "window", "sink", "time", "TF/s"],
+                    [[r["sq"], r["past_len"], "full" if r["window"] in (None, -1) else r["window"],
+                      r["sink"] or "-", _ms(r["ms"]), "-" if r["tflops"] is None else f"{r['tflops']:.1f}"]
+                     for r in m["per_call"]])
+        if m["window_spread"] is not None:
+            L += ["", f"Windowed per-call time spread over past_len: {m['window_spread']:.3f}x "
+                      f"({'flat' if m['window_flat'] else 'NOT flat'} within 10 %)."]
+        L.append("")
+
+    for b in doc["bench"]:
+        L += [f"## Benchmark ({b['device']}, `{b['source']}`)", "",
+              "ratio = peer time / our time (> 1: ours is faster).", ""]
+        L += _table(["case", "ours", "TF/s", "peer", "peer time", "ratio"],
+                    [[row["case"], _ms(row["kernel_ms"]),
+                      "-" if row["tflops"] is None else f"{row['tflops']:.1f}", p["peer"], _ms(p["ms"]),
+                      "-" if p["ratio"] is None else f"{p['ratio']:.2f}x"]
+                     for row in b["rows"] for p in (row["peers"] or [{"peer": "-", "ms": None, "ratio": None}])])
+        L.append("")
+
+    L += ["## Plots", ""]
+    L += [f"![{Path(p).stem}]({p})" for p in plots["written"]]
+    L += [f"- {_md(n)}" for n in plots["notes"]]
+    L.append("")
+    return "\n".join(L)
+
+
+# --------------------------------------------------------------------------- 5. plots
+
+def _matplotlib():
+    """pyplot on the Agg backend, or None when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def _plot_rel_l2(plt, kernel: str, rows: list[dict], path: Path) -> None:
+    rows = [r for r in rows if r["rel_l2"] is not None]
+    floor = 1e-10  # relL2 of exactly 0 (e.g. window 1) is drawn at the bottom of the log axis
+    x = list(range(len(rows)))
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.32 * len(rows) + 2), 4.5))
+    ok = [i for i, r in enumerate(rows) if r["outcome"] == "pass" and r["rel_l2"] > 0]
+    zero = [i for i, r in enumerate(rows) if r["outcome"] == "pass" and r["rel_l2"] <= 0]
+    bad = [i for i, r in enumerate(rows) if r["outcome"] != "pass"]
+    y = [max(r["rel_l2"], floor) for r in rows]
+    ax.scatter([x[i] for i in ok], [y[i] for i in ok], color="tab:blue", zorder=3, label="relL2 (pass)")
+    if zero:
+        ax.scatter([x[i] for i in zero], [floor] * len(zero), color="tab:blue", marker="v", zorder=3,
+                   label=f"relL2 = 0 (pass), drawn at {floor:g}")
+    if bad:
+        ax.scatter([x[i] for i in bad], [y[i] for i in bad], color="tab:red", marker="X", s=60, zorder=3,
+                   label="relL2 (fail)")
+    gx = [i for i, r in enumerate(rows) if r["gate"] is not None]
+    ax.scatter(gx, [max(rows[i]["gate"], floor) for i in gx], marker="_", s=200, color="tab:green",
+               zorder=2, label="derived gate (per case)")
+    ax.axhline(SEED_GATE_REL_L2, color="tab:orange", linestyle="--", label=f"seed gate {SEED_GATE_REL_L2}")
+    ax.set_yscale("log")
+    ax.set_xticks(x)
+    ax.set_xticklabels([r["case"] for r in rows], rotation=75, ha="right", fontsize=7)
+    ax.set_ylabel("relL2 vs fp64 reference")
+    ax.set_title(f"{kernel}: relL2 per case")
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _plot_measure(plt, m: dict, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    by_window: dict = {}
+    for r in m["per_call"]:
+        if r["ms"] is not None and r["past_len"] is not None:
+            by_window.setdefault(r["window"], []).append((r["past_len"], r["ms"]))
+    for w, pts in sorted(by_window.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
+        pts.sort()
+        label = "full attention" if w in (None, -1) else f"window {w} (should be flat)"
+        ax.plot([p for p, _ in pts], [t for _, t in pts], marker="o", label=label)
+    ax.set_xlabel("past_len (keys already in the cache)")
+    ax.set_ylabel("per-call time (ms)")
+    ax.set_title(f"per-call time vs past_len\n{m['device']} ({m['source']})", fontsize=9)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _plot_kill_grid(plt, k: dict, path: Path) -> None:
+    import numpy as np
+
+    cases, mutants = k["cases"], k["mutants"]
+    grid = np.zeros((len(mutants), len(cases)))
+    col = {c: j for j, c in enumerate(cases)}
+    for i, m in enumerate(mutants):
+        for c in m["killed_by"]:
+            if c in col:
+                grid[i, col[c]] = 1
+        for c in m["killed_by_seed_gate"]:
+            if c in col:
+                grid[i, col[c]] = 2
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    colors = ["#f0f0f0", "#f5a623", "#d0021b"]
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.3 * len(cases) + 3), 0.35 * len(mutants) + 2.5))
+    ax.imshow(grid, cmap=ListedColormap(colors), vmin=0, vmax=2, aspect="auto", interpolation="nearest")
+    ax.set_xticks(range(len(cases)))
+    ax.set_xticklabels(cases, rotation=75, ha="right", fontsize=6)
+    ax.set_yticks(range(len(mutants)))
+    ax.set_yticklabels([m["name"] + ("" if m["killed"] else "  (equivalent)" if m["equivalent"] else "  (SURVIVES)")
+                        for m in mutants], fontsize=7)
+    ax.set_title(f"kill matrix {k['kernel']}: mutant x case")
+    ax.legend(handles=[Patch(color=colors[1], label="killed by the derived gate only"),
+                       Patch(color=colors[2], label="killed by the seed gate too"),
+                       Patch(color=colors[0], label="not killed")],
+              fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def heatmap_error(row: dict, params: dict) -> tuple[object, str, str]:
+    """``(|out - ref| reduced to (Hq, Sq), kernel name, note)`` for one case row, re-run on the
+    CPU; the array is None (and the note says why) when the case is too big or cannot run."""
+    import numpy as np
+
+    from refattn.cases import Case, make_inputs
+    from refattn.kernels import get_kernel, kernel_available
+    from refattn.reference import attention_with_baseline
+
+    case = Case(**{k: v for k, v in params.items() if k != "describe"})
+    if case.flops >= HEATMAP_MAX_FLOPS:
+        return None, "", (f"error heatmap skipped: the largest relL2 is {row['case']} ({case.flops:.1e} FLOPs "
+                          f">= {HEATMAP_MAX_FLOPS:.0e}), too slow to re-run on the CPU")
+    kernel = None
+    for name in (row["kernel"], "model"):  # the row's own kernel when it is a CPU kernel here
+        try:
+            adapter = get_kernel(name)
+        except Exception:  # noqa: BLE001 - e.g. a GPU record's label: fall back to the model
+            continue
+        if not getattr(adapter, "requires_gpu", False) and kernel_available(adapter)[0]:
+            kernel = adapter
+            break
+    if kernel is None:
+        return None, "", f"error heatmap skipped: no CPU kernel to re-run {row['case']}"
+    inputs = make_inputs(case)
+    k, v = inputs.clean_kv()
+    ref, _ = attention_with_baseline(inputs.q, k, v, **inputs.reference_kwargs())
+    status, out = kernel.run(inputs)
+    if status != 0:
+        return None, kernel.name, f"error heatmap skipped: {kernel.name} declined {row['case']}"
+    err = np.abs(np.asarray(out, dtype=np.float64) - ref)  # (B, Sq, Hq, d)
+    err = np.where(np.isnan(err), np.inf, err)
+    b = int(np.unravel_index(int(np.argmax(err)), err.shape)[0])
+    return err[b].max(axis=-1).T, kernel.name, ""  # (Hq, Sq): max over the head dim
+
+
+def _plot_heatmap(plt, err, row: dict, kernel: str, path: Path) -> None:
+    import numpy as np
+
+    finite = np.where(np.isfinite(err), err, np.nan)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    im = ax.imshow(finite, aspect="auto", interpolation="nearest", cmap="magma")
+    fig.colorbar(im, ax=ax, label="max over d of |out - ref|")
+    if not np.isfinite(err).all():
+        hh, rr = np.nonzero(~np.isfinite(err))
+        ax.scatter(rr, hh, marker="s", s=4, color="cyan", label="NaN / Inf")
+    h, i = np.unravel_index(int(np.argmax(err)), err.shape)
+    ax.scatter([i], [h], marker="x", s=60, color="cyan", label=f"max at (h={h}, row={i})")
+    ax.legend(fontsize=7, loc="upper right")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("query row")
+    ax.set_ylabel("query head")
+    ax.set_title(f"{row['case']} on {kernel}: error (relL2 {_e(row['rel_l2'])})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def render_plots(doc: dict, params: dict, plot_dir: Path) -> dict:
+    """Write the PNGs; ``{"written": [paths relative to out], "notes": [why something is missing]}``."""
+    plots = {"written": [], "notes": []}
+    plt = _matplotlib()
+    if plot_dir.is_dir():
+        for old in plot_dir.glob("*.png"):  # our own output: never leave stale plots behind
+            old.unlink()
+    if plt is None:
+        plots["notes"].append(PLOTS_MISSING)
+        return plots
+    plot_dir.mkdir(parents=True, exist_ok=True)
+
+    def attempt(name: str, fn, *a) -> None:
+        path = plot_dir / f"{_safe_name(name)}.png"
+        try:
+            fn(plt, *a, path)
+        except Exception as e:  # noqa: BLE001 - a broken plot must not lose the report
+            plt.close("all")
+            plots["notes"].append(f"plot {path.name} failed: {type(e).__name__}: {e}")
+            return
+        plots["written"].append(f"{plot_dir.name}/{path.name}")
+
+    groups: dict = {}
+    for r in doc["cases"]:
+        groups.setdefault(r["kernel"], []).append(r)
+    for kernel, rows in groups.items():
+        if any(r["rel_l2"] is not None for r in rows):
+            attempt(f"rel_l2-{kernel}", _plot_rel_l2, kernel, rows)
+    for m in doc["measure"]:
+        attempt(f"time_vs_past-{Path(m['source']).stem}", _plot_measure, m)
+    if not doc["measure"]:
+        plots["notes"].append("time vs past_len plot skipped: no GPU measure record")
+
+    cpu = [r for r in doc["cases"] if r["origin"] == "run" and r["rel_l2"] is not None]
+    worst = max(cpu, key=lambda r: r["rel_l2"], default=None)
+    if worst is None:
+        plots["notes"].append("error heatmap skipped: no CPU case with a relL2")
+    else:
+        p = params.get((worst["kernel"], worst["suite"], worst["case"]))
+        err, kname, note = None, "", f"error heatmap skipped: {worst['case']} has no case parameters"
+        try:
+            if p:
+                err, kname, note = heatmap_error(worst, p)
+        except Exception as e:  # noqa: BLE001 - a case that cannot be re-run loses its plot only
+            note = f"error heatmap skipped: re-running {worst['case']} raised {type(e).__name__}: {e}"
+        if err is None:
+            plots["notes"].append(note)
+        else:
+            attempt(f"error_heatmap-{worst['case']}", _plot_heatmap, err, worst, kname)
+
+    for k in doc["kill_matrices"]:
+        if k["mutants"] and k["cases"]:
+            attempt(f"kill_matrix-{k['kernel']}", _plot_kill_grid, k)
+    return plots
+
+
+# --------------------------------------------------------------------------- the command
+
+def load_baseline(path: Path) -> dict | None:
+    """The baseline document, or None when the file does not exist. A file that exists but is
+    not a schema-1 report is a usage error (exit 2), not a silent "no baseline"."""
+    if not path.exists():
+        return None
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UsageError(f"baseline: cannot read {path}: {type(e).__name__}: {e}") from None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+        raise UsageError(f"baseline: {path} is not a schema-{SCHEMA} report (schema {got!r})")
+    return doc
+
+
+def make_report(in_dir: Path, out_dir: Path, baseline_path: Path) -> dict:
+    """Collect, build, diff, render and write ``latest.json`` / ``latest.md`` / plots.
+    Returns the document (its ``findings`` say what ``--check`` fails on)."""
+    col = collect(in_dir)
+    params: dict = {}
+    doc = build(col, current_source_hash(), params=params)
+    baseline = load_baseline(baseline_path)
+    findings = diff(doc, baseline)
+    if baseline is None:
+        note = f"no baseline at {baseline_path}; only current failures are checked"
+        short = "no baseline"
+    else:
+        note = f"`{baseline_path}` (generated {baseline.get('generated', '?')})"
+        short = ""
+    doc["baseline"] = {"path": str(baseline_path), "present": baseline is not None, "note": note,
+                       "generated": None if baseline is None else baseline.get("generated")}
+    doc["findings"] = [f.to_dict() for f in findings]
+    doc["summary"] = summarize(doc, findings, short)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plots = render_plots(doc, params, out_dir / "plots")
+    doc["plots"] = plots
+    (out_dir / "latest.json").write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+    (out_dir / "latest.md").write_text(render_markdown(doc, plots))
+    return doc
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--in", dest="in_dir", type=Path, default=Path("reports"), metavar="DIR",
+                   help="where run-*.json, mutants-*.json and gpu/*.json are (default: reports)")
+    p.add_argument("--out", dest="out_dir", type=Path, default=None, metavar="DIR",
+                   help="where latest.json, latest.md and plots/ go (default: reports)")
+    p.add_argument("--baseline", type=Path, default=None, metavar="PATH",
+                   help="the committed baseline report (default: <in>/baseline.json)")
+    p.add_argument("--check", action="store_true",
+                   help="exit 1 on any regression against the baseline or any current failure")
+    p.add_argument("--update-baseline", action="store_true",
+                   help="copy the new latest.json to the baseline path (after the check)")
+    p.epilog = ("examples:\n  refattn report\n  refattn report --check\n"
+                "  refattn report --update-baseline      # then commit reports/baseline.json\n\n"
+                "exit status: 0 written (and, with --check, no regression or failure), 1 --check "
+                "found one, 2 usage error or unreadable baseline")
+
+
+def run(args) -> int:
+    in_dir = args.in_dir
+    out_dir = args.out_dir if args.out_dir is not None else Path("reports")
+    baseline_path = args.baseline if args.baseline is not None else in_dir / "baseline.json"
+    doc = make_report(in_dir, out_dir, baseline_path)
+    print(doc["summary"]["line"])
+    for f in doc["findings"]:
+        print("  " + f["line"])
+    if not doc["baseline"]["present"]:
+        print(f"report: {doc['baseline']['note']}")
+    if doc["plots"]["notes"] and any(n == PLOTS_MISSING for n in doc["plots"]["notes"]):
+        print(f"report: {PLOTS_MISSING}")
+    print(f"report: wrote {out_dir / 'latest.json'}, {out_dir / 'latest.md'}"
+          + (f", {len(doc['plots']['written'])} plots in {out_dir / 'plots'}" if doc["plots"]["written"] else ""))
+    if args.update_baseline:
+        baseline_path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(out_dir / "latest.json", baseline_path)
+        print(f"report: baseline updated: copied {out_dir / 'latest.json'} to {baseline_path}")
+    sys.stdout.flush()
+    if args.check and doc["findings"]:
+        return EXIT_FAIL
+    return EXIT_OK
