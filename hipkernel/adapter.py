@@ -19,7 +19,8 @@ def _config(inputs) -> KernelConfig | None:
     cfg = getattr(inputs, "config", None)
     if not cfg:
         return None
-    return KernelConfig(cfg.get("m_tiles", DEFAULT.m_tiles), cfg.get("bkv", DEFAULT.bkv))
+    return KernelConfig(cfg.get("m_tiles", DEFAULT.m_tiles), cfg.get("bkv", DEFAULT.bkv),
+                        cfg.get("path", DEFAULT.path))
 
 
 class _FusedKernel:

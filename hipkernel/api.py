@@ -28,23 +28,29 @@ from pathlib import Path
 import numpy as np
 
 from hipkernel.autotune import TUNER, tune_key
-from hipkernel.config import DEFAULT, HEAD_DIMS, KernelConfig
+from hipkernel.config import (DEFAULT, HEAD_DIMS, MMA_MIN_SM, KernelConfig, candidates,
+                              default_config, has_mma)
 from refattn.args import check_attention_args
 from refattn.mutants import by_name as _mutant_by_name
 
 KERNEL_DIR = Path(__file__).parent / "kernels"
-KERNEL_FILE = KERNEL_DIR / "gqa_flash_prefill.hip"
-KERNEL_NAME = "gqa_flash_prefill"
+KERNEL_FILE = KERNEL_DIR / "gqa_flash_prefill.hip"  # the scalar path
+KERNEL_FILES = {"scalar": KERNEL_FILE, "mma": KERNEL_DIR / "gqa_flash_prefill_mma.hip"}
+KERNEL_NAME = "gqa_flash_prefill"  # the entry point of every path
 SUPPORTED_DTYPES = ("fp16",)
 _SINK_MODES = {"none": 0, "per_head": 1, "smooth": 2}
 
 
 # --------------------------------------------------------------------------- source
 
-@lru_cache(maxsize=1)
-def kernel_source() -> str:
-    """The kernel as one translation unit: ``#include "x.h"`` of files beside it are inlined,
-    so every compiler (NVRTC, hiprtc, clang) sees the same text and needs no include path."""
+@lru_cache(maxsize=None)
+def kernel_source(path: str = "scalar") -> str:
+    """The kernel of ``path`` ("scalar" or "mma", see ``hipkernel.config``) as one translation
+    unit: ``#include "x.h"`` of files beside it are inlined, so every compiler (NVRTC, hiprtc,
+    clang) sees the same text and needs no include path."""
+    if path not in KERNEL_FILES:
+        raise ValueError(f"path: expected one of {tuple(KERNEL_FILES)}, got {path!r}")
+    kernel_file = KERNEL_FILES[path]
 
     def inline(path: Path, seen: set) -> str:
         out = []
@@ -61,13 +67,18 @@ def kernel_source() -> str:
             out.append(line)
         return "\n".join(out)
 
-    return inline(KERNEL_FILE, {KERNEL_FILE.resolve()}) + "\n"
+    return inline(kernel_file, {kernel_file.resolve()}) + "\n"
 
 
 def source_hash() -> str:
-    """sha256 of the kernel source as compiled (kernel file with its headers inlined). GPU
-    records in reports/gpu/ carry it; CI compares it with the current tree."""
-    return hashlib.sha256(kernel_source().encode()).hexdigest()
+    """sha256 over every kernel file (each ``.hip`` and ``.h`` under ``hipkernel/kernels``,
+    sorted by name: its name, a NUL, its bytes, a NUL), so an edit of any path or header
+    changes it. GPU records in reports/gpu/ carry it; CI compares it with the current tree."""
+    h = hashlib.sha256()
+    for f in sorted((p for p in KERNEL_DIR.iterdir() if p.suffix in (".hip", ".h")),
+                    key=lambda p: p.name):
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
 
 
 def kernel_defines(d: int, config: KernelConfig, mutants=frozenset()) -> dict:
@@ -105,11 +116,38 @@ def _check_config(config) -> KernelConfig | None:
     if config is None or isinstance(config, KernelConfig):
         return config
     if isinstance(config, dict):
-        unknown = set(config) - {"m_tiles", "bkv"}
+        unknown = set(config) - {"m_tiles", "bkv", "path"}
         if unknown:
-            raise ValueError(f"config: unknown keys {sorted(unknown)} (known: m_tiles, bkv)")
-        return KernelConfig(config.get("m_tiles", DEFAULT.m_tiles), config.get("bkv", DEFAULT.bkv))
+            raise ValueError(f"config: unknown keys {sorted(unknown)} (known: m_tiles, bkv, path)")
+        try:
+            return KernelConfig(config.get("m_tiles", DEFAULT.m_tiles), config.get("bkv", DEFAULT.bkv),
+                                config.get("path", DEFAULT.path))
+        except ValueError as e:
+            raise ValueError(f"config: {e}") from None
     raise ValueError(f"config: expected a KernelConfig, a dict or None, got {config!r}")
+
+
+_INT32_LIMIT = 2**31
+
+
+def _check_mutants(mutants) -> frozenset:
+    if isinstance(mutants, str):
+        raise ValueError(f"mutants: expected a set of mutant names, got the string {mutants!r}")
+    mutants = frozenset(mutants)
+    for name in mutants:
+        _mutant_by_name(name)
+    return mutants
+
+
+def _check_config_for(config: KernelConfig | None, arch: str, d: int | None = None) -> None:
+    if config is not None and d is not None:
+        try:
+            config.defines(d)  # shared memory of this tile at this head dim
+        except ValueError as e:
+            raise ValueError(f"config: {e}") from None
+    if config is not None and config.path == "mma" and not has_mma(arch):
+        raise ValueError(f"config: path 'mma' needs an NVIDIA sm_{MMA_MIN_SM}+ GPU, the backend "
+                         f"targets {arch}")
 
 
 # --------------------------------------------------------------------------- device level
@@ -143,18 +181,20 @@ def flash_prefill_v3(backend, q, k, v, sink, out, *, B: int, Sq: int, Hq: int, H
     for name, ptr in (("q", q), ("k", k), ("v", v), ("out", out)) + ((("sink", sink),) if sink else ()):
         if int(ptr) % 16:  # every global access of the kernel is 16 bytes wide
             raise ValueError(f"{name}: device pointer {int(ptr):#x} is not 16-byte aligned")
+    for name, x in (("Sq", Sq), ("Hq", Hq), ("S_cap", S_cap), ("past_len", past_len + Sq)):
+        if x >= _INT32_LIMIT:  # the kernel takes int32 sizes
+            raise ValueError(f"{name}: {x} does not fit the kernel's int32 arguments")
     config = _check_config(config)
-    mutants = frozenset(mutants)
-    for name in mutants:
-        _mutant_by_name(name)
+    mutants = _check_mutants(mutants)
 
     if decline_reason(d=d, softcap=softcap, dtype=dtype) is not None:
         return -1  # decided before any device call: nothing launched, out untouched
+    _check_config_for(config, backend.arch, d)
 
     G = Hq // Hkv
 
     def launch(cfg: KernelConfig, mode: int) -> None:
-        kern = backend.compile(kernel_source(), kernel_defines(d, cfg, mutants), KERNEL_NAME)
+        kern = backend.compile(kernel_source(cfg.path), kernel_defines(d, cfg, mutants), KERNEL_NAME)
         args = [
             (ctypes.c_void_p, q), (ctypes.c_void_p, k), (ctypes.c_void_p, v),
             (ctypes.c_void_p, sink if mode == 1 else 0), (ctypes.c_void_p, out),
@@ -168,7 +208,9 @@ def flash_prefill_v3(backend, q, k, v, sink, out, *, B: int, Sq: int, Hq: int, H
         key = tune_key(d=d, sq=Sq, Hq=Hq, G=G, window=window, dtype=dtype, arch=backend.arch)
         # Tuning launches omit the sink: one FMA per row cannot reorder the candidates, and
         # leaving it out keeps tuned configs comparable with the no-sink case.
-        config = TUNER.choose(key, lambda cfg: backend.time_ms(lambda: launch(cfg, 0)))
+        config = TUNER.choose(key, lambda cfg: backend.time_ms(lambda: launch(cfg, 0)),
+                              candidates=candidates(backend.arch),
+                              default=default_config(backend.arch))
     launch(config, _SINK_MODES[sink_mode])
     backend.synchronize()
     return 0
@@ -218,9 +260,17 @@ def attention(q, k, v, *, past_len, window=-1, sink=None, smooth_softmax=False, 
 
     from hipkernel.backends import get_backend  # GPU imports only once a launch is needed
 
+    mutants = _check_mutants(mutants)
+    sink16 = None
+    if a.sink_mode == "per_head":
+        finite = np.isfinite(a.sink)
+        if (np.abs(a.sink[finite]) > np.finfo(np.float16).max).any():
+            raise ValueError("sink: finite logits beyond the fp16 range (|sigma| <= 65504) would "
+                             "become inf in the kernel's fp16 sink")
+        sink16 = np.asarray(sink, dtype=np.float16)
     be = backend if backend is not None and not isinstance(backend, str) else get_backend(backend)
+    _check_config_for(config, be.arch, a.d)
     S_cap = k.shape[2]
-    sink16 = None if a.sink_mode != "per_head" else np.asarray(sink, dtype=np.float16)
     bufs = {}
     try:
         for name, arr in (("q", q), ("k", k), ("v", v), ("sink", sink16)):
@@ -228,6 +278,8 @@ def attention(q, k, v, *, past_len, window=-1, sink=None, smooth_softmax=False, 
                 bufs[name] = be.alloc(arr.nbytes)
                 be.htod(bufs[name], arr)
         bufs["out"] = be.alloc(q.nbytes)
+        if out is not None:  # the caller's bytes: an element the kernel misses keeps them
+            be.htod(bufs["out"], out)
         status = flash_prefill_v3(
             be, bufs["q"], bufs["k"], bufs["v"], bufs.get("sink", 0), bufs["out"],
             B=a.B, Sq=a.Sq, Hq=a.Hq, Hkv=a.Hkv, d=a.d, S_cap=S_cap, past_len=a.past_len,

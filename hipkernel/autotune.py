@@ -1,7 +1,9 @@
-"""Autotuning of the kernel's compile-time tile config (``M_TILES``, ``BKV``).
+"""Autotuning of the kernel's compile-time config (path, ``M_TILES``, ``BKV``).
 
 The first call for a key sweeps every candidate and keeps the fastest; later calls with the
-same key reuse the winner.
+same key reuse the winner. The candidates depend on the target (``config.candidates(arch)``:
+the mma path only on NVIDIA sm_80+), so the caller passes them per call; the key holds the
+arch, so a cached winner is always one of its target's candidates.
 
 Key = (d, sq, Hq, G, window, dtype, arch). ``skv``/``past_len`` are deliberately NOT in
 the key: they only lengthen the KV loop, uniformly across candidates, so they cannot change
@@ -11,7 +13,8 @@ window IS in the key: it caps the number of KV tiles a block walks, a different 
 that can change the winner.
 
 Environment:
-    HIPKERNEL_TUNE=0         no sweep; every key gets ``config.DEFAULT`` (deterministic runs)
+    HIPKERNEL_TUNE=0         no sweep; every key gets the default config (the caller's
+                             ``default``, else ``config.DEFAULT``; deterministic runs)
     HIPKERNEL_TUNE_DEBUG=1   log each candidate's median time to stderr
 """
 
@@ -57,20 +60,27 @@ class Autotuner:
     def debug() -> bool:
         return os.environ.get("HIPKERNEL_TUNE_DEBUG", "0") not in ("", "0")
 
-    def choose(self, key: tuple, measure: Callable[[KernelConfig], float | list]) -> KernelConfig:
+    def choose(self, key: tuple, measure: Callable[[KernelConfig], float | list],
+               candidates: Iterable[KernelConfig] | None = None,
+               default: KernelConfig | None = None) -> KernelConfig:
+        """The config for ``key``: ``default`` (else this tuner's) when tuning is off, the
+        cached winner on a hit, else the fastest of ``candidates`` (else this tuner's)."""
         if not self.enabled():
-            return self.default
+            return default or self.default
         hit = self.cache.get(key)
         if hit is not None:
             return hit
+        cands = self.candidates if candidates is None else tuple(candidates)
+        if not cands:
+            raise ValueError("candidates: expected at least one KernelConfig")
         self.sweeps += 1
         times = {}
-        for cfg in self.candidates:
+        for cfg in cands:
             t = measure(cfg)
             times[cfg.name] = float(statistics.median(t) if isinstance(t, (list, tuple)) else t)
             if self.debug():
                 self._log(f"hipkernel tune {key}: {cfg.name} {times[cfg.name]:.4f} ms")
-        best = min(self.candidates, key=lambda c: times[c.name])
+        best = min(cands, key=lambda c: times[c.name])
         if self.debug():
             self._log(f"hipkernel tune {key}: chose {best.name}")
         self.cache[key] = best

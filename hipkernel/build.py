@@ -4,9 +4,12 @@
                               [--json PATH] [--require-all] [--mutants]
                               [--configs m4_b64,...] [--head-dims 64,128] [--jobs N]
 
-compiles ``hipkernel/kernels/gqa_flash_prefill.hip`` (as ``hipkernel.api`` compiles it: headers
-inlined, the same ``-D`` macros) for every target x head dim (``config.HEAD_DIMS``) x tile
-config (``config.CANDIDATES``) and prints registers, spills and shared memory per compile:
+compiles the kernel (as ``hipkernel.api`` compiles it: headers inlined, the same ``-D``
+macros) for every target x head dim (``config.HEAD_DIMS``) x tile config and prints
+registers, spills and shared memory per compile. The scalar path
+(``kernels/gqa_flash_prefill.hip``, ``config.CANDIDATES``) is checked on every target; the
+tensor-core path (``kernels/gqa_flash_prefill_mma.hip``, ``config.MMA_CANDIDATES``, names
+``mma_m4_b64`` ...) only on NVIDIA sm_80+ targets, the only ones it is written for:
 
     ==========  =========================================  ===================================
     target      compiler                                   resource report read from
@@ -30,7 +33,8 @@ headers, then against a private copy of the system's device libraries with the
 
 Each compile runs in a worker process (one per CPU), slowest compiler first (NVRTC, whose
 ptxas dominates); a process also isolates a compiler that crashes. The whole default matrix
-(6 targets x 2 head dims x 6 configs) takes about 45 s on two cores.
+(6 targets x 2 head dims x 6 scalar configs, plus 2 sm targets x 2 head dims x 4 mma configs)
+takes about a minute on two cores.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field
@@ -256,11 +260,13 @@ class ClangHip:
 
 @dataclass
 class Variant:
-    """One compile of the kernel: head dim, config label, -D macros."""
+    """One compile of the kernel: head dim, config label, -D macros, and the kernel path
+    (``config.PATHS``) whose source it compiles; "mma" variants compile for sm_80+ only."""
 
     d: int
     config: str
     defines: dict
+    path: str = "scalar"
 
 
 @dataclass
@@ -286,19 +292,27 @@ class Row:
 
 
 def kernel_variants(mutants: bool = False) -> list[Variant]:
-    """Every (head dim, candidate config) the API can launch; with ``mutants``, also the
-    default config with each mutant macro (so every ``#ifdef`` branch compiles)."""
+    """Every (head dim, candidate config) the API can launch, scalar and mma; with
+    ``mutants``, also each path's default config with each mutant macro (so every ``#ifdef``
+    branch of both files compiles)."""
     from hipkernel import api
-    from hipkernel.config import CANDIDATES, DEFAULT, HEAD_DIMS
+    from hipkernel.config import CANDIDATES, DEFAULT, HEAD_DIMS, MMA_CANDIDATES, MMA_DEFAULT
 
-    out = [Variant(d, cfg.name, api.kernel_defines(d, cfg))
-           for d in HEAD_DIMS for cfg in CANDIDATES]
+    out = [Variant(d, cfg.name, api.kernel_defines(d, cfg), cfg.path)
+           for d in HEAD_DIMS for cfg in CANDIDATES + MMA_CANDIDATES]
     if mutants:
         from refattn.mutants import MUTANTS
 
-        out += [Variant(d, f"{DEFAULT.name}+{m.name}", api.kernel_defines(d, DEFAULT, {m.name}))
-                for d in HEAD_DIMS for m in MUTANTS]
+        out += [Variant(d, f"{cfg.name}+{m.name}", api.kernel_defines(d, cfg, {m.name}), cfg.path)
+                for cfg in (DEFAULT, MMA_DEFAULT) for d in HEAD_DIMS for m in MUTANTS]
     return out
+
+
+def _compiles_for(v: Variant, target: str) -> bool:
+    """Whether variant ``v`` is meant for ``target``: scalar everywhere, mma on sm_80+."""
+    from hipkernel.config import has_mma
+
+    return v.path == "scalar" or has_mma(target)
 
 
 # A trivial kernel, spelled without HIP or CUDA macros so that every compiler in every mode
@@ -356,10 +370,12 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}" + (f": {errors[0]}" if errors else "")
 
 
-def check(targets: Iterable[str], source: str, variants: Sequence[Variant],
+def check(targets: Iterable[str], source: str | Mapping[str, str], variants: Sequence[Variant],
           kernel_name: str, jobs: int | None = None) -> list[Row]:
     """Compile ``source`` for every target x variant: one :class:`Row` each, or one skipped
-    row for a target whose compiler cannot compile a trivial kernel here.
+    row for a target whose compiler cannot compile a trivial kernel here. ``source`` is one
+    text for every variant, or a mapping from ``Variant.path`` to its text; an mma variant
+    is compiled only for sm_80+ targets (no row elsewhere).
 
     Compiles run in ``jobs`` worker processes (default: one per CPU), which isolates the
     compilers' global state and their crashes; ``jobs=0`` runs them in this process."""
@@ -384,11 +400,12 @@ def check(targets: Iterable[str], source: str, variants: Sequence[Variant],
                 except Exception as e:  # noqa: BLE001 - no library, no linker, no headers
                     rows.append(Row(target, tool, None, "*", f"skipped: {tool} cannot compile "
                                     f"a trivial kernel for {target}: {_first_line(e)}"))
-            work = [(t, tool, v) for t, tool in ready for v in variants]
+            work = [(t, tool, v) for t, tool in ready for v in variants if _compiles_for(v, t)]
             futures = {}
             for i in sorted(range(len(work)), key=lambda i: _TOOL_ORDER[work[i][1]]):
                 t, tool, v = work[i]
-                futures[i] = pool.submit(compile_with, tool, t, source, v.defines, kernel_name,
+                text = source if isinstance(source, str) else source[v.path]
+                futures[i] = pool.submit(compile_with, tool, t, text, v.defines, kernel_name,
                                          workdir)
             for i, (target, tool, v) in enumerate(work):
                 try:
@@ -510,7 +527,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         variants = [v for v in variants if v.d in dims]
     if not variants:
         ap.error("no config / head dim left to compile (see --configs, --head-dims)")
-    rows = check(targets, api.kernel_source(), variants, api.KERNEL_NAME, jobs=args.jobs)
+    from hipkernel.config import PATHS
+
+    sources = {path: api.kernel_source(path) for path in PATHS}
+    rows = check(targets, sources, variants, api.KERNEL_NAME, jobs=args.jobs)
     print(format_table(rows))
     errors = error_report(rows)
     if errors:

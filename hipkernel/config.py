@@ -1,11 +1,17 @@
 """Compile-time configurations of the fused kernel and the launch geometry they imply.
 
-One kernel binary per (HEAD_DIM, M_TILES, BKV) (docs/ARCHITECTURE.md, "Kernel ABI"):
+One kernel binary per (path, HEAD_DIM, M_TILES, BKV) (docs/ARCHITECTURE.md, "Kernel ABI"):
 
+    path    = "scalar"         kernels/gqa_flash_prefill.hip: fp32 FMAs, every GPU (AMD, NVIDIA)
+              "mma"            kernels/gqa_flash_prefill_mma.hip: tensor cores (mma.sync
+                               m16n8k16), NVIDIA sm_80 and newer only
     BM      = 16 * M_TILES     query rows per block (one Q tile of one head)
-    threads = 32 * M_TILES     each query row is owned by a pair of adjacent lanes
+    threads = 32 * M_TILES     scalar: each query row is owned by a pair of adjacent lanes;
+                               mma: each warp owns 16 rows
     grid    = (ceil(Sq / BM), Hq, B)
     BKV                        keys per KV tile, staged in static shared memory
+
+Both paths share the ABI and the launch geometry; only the source file differs.
 
 The CPU model (`hipkernel.model`) walks the same tiles, so a config changes its rounding
 exactly as it changes the kernel's.
@@ -14,6 +20,7 @@ exactly as it changes the kernel's.
 from __future__ import annotations
 
 import numbers
+import re
 from dataclasses import dataclass
 
 HEAD_DIMS = (64, 128)  # head dims the kernel is compiled for; anything else is declined
@@ -23,6 +30,8 @@ SMEM_LIMIT = 48 * 1024
 
 _M_TILES = (1, 2, 4, 8)  # 32..256 threads a block
 _BKV = (16, 32, 64, 128)  # the kernel needs a power of two
+PATHS = ("scalar", "mma")
+MMA_MIN_SM = 80  # mma.sync m16n8k16 f16 with fp32 accumulators, ldmatrix, cp.async
 
 
 def _check_int(name: str, x, allowed) -> int:
@@ -34,14 +43,17 @@ def _check_int(name: str, x, allowed) -> int:
 @dataclass(frozen=True)
 class KernelConfig:
     """A tile configuration: ``m_tiles`` groups of 16 query rows per block, ``bkv`` keys per
-    KV tile."""
+    KV tile, and the kernel ``path`` ("scalar" or "mma") that runs it."""
 
     m_tiles: int
     bkv: int
+    path: str = "scalar"
 
     def __post_init__(self):
         _check_int("m_tiles", self.m_tiles, _M_TILES)
         _check_int("bkv", self.bkv, _BKV)
+        if self.path not in PATHS:
+            raise ValueError(f"path: expected one of {PATHS}, got {self.path!r}")
 
     @property
     def block_rows(self) -> int:
@@ -55,8 +67,9 @@ class KernelConfig:
 
     @property
     def name(self) -> str:
-        """Short id, e.g. ``m4_b64``."""
-        return f"m{self.m_tiles}_b{self.bkv}"
+        """Short id, e.g. ``m4_b64`` (scalar) or ``mma_m4_b64``."""
+        base = f"m{self.m_tiles}_b{self.bkv}"
+        return base if self.path == "scalar" else f"{self.path}_{base}"
 
     def grid(self, Sq: int, Hq: int, B: int) -> tuple[int, int, int]:
         """Launch grid ``(ceil(Sq / BM), Hq, B)``."""
@@ -65,9 +78,24 @@ class KernelConfig:
                 raise ValueError(f"{name}: expected an int >= 1, got {n!r}")
         return (-(-int(Sq) // self.block_rows), int(Hq), int(B))
 
+    def kv_stages(self, d: int) -> int:
+        """K/V tile buffers of the kernel: the mma path double-buffers (cp.async) when two
+        stages fit in static shared memory; the scalar path has one."""
+        if self.path == "scalar":
+            return 1
+        return 2 if 2 * self._mma_tile_bytes(d) <= SMEM_LIMIT else 1
+
+    def _mma_tile_bytes(self, d: int) -> int:
+        # a K and a V tile, bkv rows of d + 8 halves (16 bytes of padding against bank
+        # conflicts), as gqa_flash_prefill_mma.hip lays them out
+        return 2 * self.bkv * (d + 8) * 2
+
     def smem_bytes(self, d: int) -> int:
-        """Static shared memory of the kernel at head dim ``d``: a K and a V tile
-        (``bkv x d`` halves each) and the score/probability tile (``BM x bkv`` floats)."""
+        """Static shared memory of the kernel at head dim ``d``. Scalar: a K and a V tile
+        (``bkv x d`` halves each) and the score/probability tile (``BM x bkv`` floats).
+        mma: ``kv_stages`` x (K and V tile, ``bkv x (d + 8)`` halves each)."""
+        if self.path == "mma":
+            return self.kv_stages(d) * self._mma_tile_bytes(d)
         return 2 * self.bkv * d * 2 + self.block_rows * self.bkv * 4
 
     def defines(self, d: int) -> dict[str, int]:
@@ -82,8 +110,38 @@ class KernelConfig:
 
 
 # The autotune candidates: configs that compile without register spills for every head dim
-# in HEAD_DIMS (checked with `ptxas -v` at sm_90 and `-Rpass-analysis=kernel-resource-usage`
-# at gfx1151/gfx942/gfx90a; see hipkernel/build.py).
+# in HEAD_DIMS (checked with `ptxas -v` at sm_90/sm_80 and `-Rpass-analysis=kernel-resource-usage`
+# at gfx1151/gfx942/gfx90a; see hipkernel/build.py). CANDIDATES is the scalar set, which runs
+# everywhere; `candidates(arch)` adds the tensor-core configs where the target has them.
 CANDIDATES = tuple(KernelConfig(m, b) for m in (1, 2, 4) for b in (32, 64))
+# mma: one warp per 16 rows; m2_b64 is left out (it spills at d=128 and was the slowest at
+# d=64 on the H200).
+MMA_CANDIDATES = tuple(KernelConfig(m, b, "mma") for m, b in ((4, 64), (4, 32), (8, 64)))
 
 DEFAULT = KernelConfig(4, 64)
+MMA_DEFAULT = MMA_CANDIDATES[0]
+
+
+def sm_version(arch: str) -> int | None:
+    """``"sm_90"`` -> 90, ``"sm_90a"`` / ``"compute_90"`` -> 90; None for anything else
+    (AMD ``gfx...`` targets, fakes)."""
+    m = re.fullmatch(r"(?:sm|compute)_(\d+)[a-z]?", str(arch))
+    return int(m.group(1)) if m else None
+
+
+def has_mma(arch: str) -> bool:
+    """Whether ``arch`` runs the mma path (NVIDIA sm_80 and newer)."""
+    sm = sm_version(arch)
+    return sm is not None and sm >= MMA_MIN_SM
+
+
+def default_config(arch: str) -> KernelConfig:
+    """The config used without a sweep (``HIPKERNEL_TUNE=0``) on target ``arch``: the mma
+    path's default on NVIDIA sm_80+, else the scalar ``DEFAULT``."""
+    return MMA_DEFAULT if has_mma(arch) else DEFAULT
+
+
+def candidates(arch: str) -> tuple[KernelConfig, ...]:
+    """The autotune candidates on target ``arch``: the scalar configs everywhere, plus the
+    mma configs on NVIDIA sm_80+ (AMD has no MMA implementation yet)."""
+    return CANDIDATES + MMA_CANDIDATES if has_mma(arch) else CANDIDATES

@@ -9,6 +9,10 @@ time-out loses nothing):
   per-case outcome, relL2, max-abs, time, and the autotune choices made.
 * ``mutants`` -> ``mutants-h200.json``: the GPU kill matrix (each mutant compiled in with its
   ``-D`` macro), with ``HIPKERNEL_TUNE=0`` so every mutant runs the same configs.
+* ``reliability`` -> ``reliability-h200.json``: bitwise determinism over 3 runs of every
+  seed+extended case, ``--fuzz-n`` random geometries against the fp64 reference, and the
+  summaries of compute-sanitizer logs given with ``--sanitizer-logs``.
+* ``bench`` -> ``bench-h200.json``: ``hipkernel.bench`` (peers SDPA / cuDNN / Flex).
 * ``measure`` -> ``measure-h200.json``: per-call device time of window=128 at past_len 512,
   8192 and 15872 (should be flat), full attention at 512@8192, and cold vs warm wall time
   of a chunked 16k prefill (32 chunks of 512) through ``hipkernel.attention``.
@@ -103,7 +107,35 @@ def section_measure(be, out: Path) -> None:
     _write(out, "measure-h200.json", record.stamp("measure", be.device_name, body, True))
 
 
-SECTIONS = ("matrix", "mutants", "measure")
+def section_reliability(be, out: Path, suites, fuzz_n: int, sanitizer_logs) -> None:
+    from hipkernel import reliability
+    from refattn.cases import load_suites
+
+    det = reliability.determinism(be, load_suites(suites))
+    print(f"  determinism: {'ok' if det['ok'] else 'FAILED'}", flush=True)
+    fz = reliability.fuzz(be, fuzz_n, 0)
+    print(f"  fuzz: {fz['passed']}/{fz['n']} passed in {fz['wall_s']:.1f} s", flush=True)
+    san = {}
+    for log in sanitizer_logs:
+        p = Path(log)
+        if p.exists():
+            san[p.stem] = reliability.parse_sanitizer_summary(p.read_text(errors="replace"))
+            print(f"  sanitizer {p.stem}: {san[p.stem]}", flush=True)
+    body, ok = reliability.record_body(be, determinism=det, fuzz=fz, sanitizer=san or None)
+    _write(out, "reliability-h200.json", record.stamp("reliability", be.device_name, body, ok))
+
+
+def section_bench(be, out: Path) -> None:
+    from hipkernel import bench
+
+    ap = argparse.ArgumentParser()
+    bench.add_arguments(ap)
+    rc = bench.run(ap.parse_args(["--json", str(out / "bench-h200.json")]))
+    if rc not in (0,):
+        raise RuntimeError(f"bench exited {rc}")
+
+
+SECTIONS = ("matrix", "mutants", "measure", "reliability", "bench")
 
 
 def main(argv=None) -> int:
@@ -114,6 +146,9 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", default=None, help="cuda or hip (default: first that works)")
     ap.add_argument("--suites", default="seed,extended,contracts")
     ap.add_argument("--mutant-suites", default="seed,extended")
+    ap.add_argument("--fuzz-n", type=int, default=500, help="fuzzed geometries (reliability)")
+    ap.add_argument("--sanitizer-logs", nargs="*", default=[],
+                    help="compute-sanitizer logs to parse into the reliability record")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     be = get_backend(args.backend)
@@ -129,6 +164,11 @@ def main(argv=None) -> int:
                 section_mutants(be, args.out, args.mutant_suites.split(","))
             elif name == "measure":
                 section_measure(be, args.out)
+            elif name == "reliability":
+                section_reliability(be, args.out, args.mutant_suites.split(","), args.fuzz_n,
+                                    args.sanitizer_logs)
+            elif name == "bench":
+                section_bench(be, args.out)
             else:
                 raise ValueError(f"--only: unknown section {name!r} (have {SECTIONS})")
         except Exception:  # noqa: BLE001 - report and go on with the next section

@@ -150,6 +150,15 @@ class Case:
                 bad(key, f"expected an integer >= {lo}, got {x}")
         if self.Hq % self.Hkv:
             bad("Hkv", f"Hq={self.Hq} query heads is not a multiple of Hkv={self.Hkv} KV heads")
+        from refattn.args import MAX_ELEMENTS
+
+        q_elems = self.B * self.sq * self.Hq * self.d
+        kv_elems = self.B * self.Hkv * (self.past_len + self.sq) * self.d
+        if q_elems > MAX_ELEMENTS:
+            bad("sq", f"q would hold B*sq*Hq*d = {q_elems} elements, over the limit of {MAX_ELEMENTS}")
+        if kv_elems > MAX_ELEMENTS:
+            bad("past_len", f"the cache would hold B*Hkv*(past_len+sq)*d = {kv_elems} elements, "
+                            f"over the limit of {MAX_ELEMENTS}")
         if not _is_int(self.window):
             bad("window", f"expected an integer, -1 (none) or W >= 1, got {self.window!r}")
         if self.window == 0 or self.window < -1:

@@ -115,6 +115,47 @@ def test_source_hash_is_stable_and_inlines_headers():
     src = api.kernel_source()
     assert '#include "portable.h"' not in src and "gqa_flash_prefill" in src
     assert api.source_hash() == api.source_hash() and len(api.source_hash()) == 64
+    mma = api.kernel_source("mma")
+    assert '#include "portable.h"' not in mma and "mma.sync.aligned.m16n8k16" in mma
+    assert "mma.sync" not in src.split("---- end portable.h ----")[1]  # scalar body: no MMA
+    with pytest.raises(ValueError, match="^path"):
+        api.kernel_source("wmma")
+
+
+def test_source_hash_covers_every_kernel_file(monkeypatch, tmp_path):
+    """An edit of either path's file or of the shared header changes the hash."""
+    import shutil
+
+    for f in api.KERNEL_DIR.iterdir():
+        if f.suffix in (".hip", ".h"):
+            shutil.copy(f, tmp_path / f.name)
+    monkeypatch.setattr(api, "KERNEL_DIR", tmp_path)
+    base = api.source_hash()
+    for name in ("gqa_flash_prefill.hip", "gqa_flash_prefill_mma.hip", "portable.h"):
+        f = tmp_path / name
+        text = f.read_text()
+        f.write_text(text + "// edit\n")
+        assert api.source_hash() != base, name
+        f.write_text(text)
+    assert api.source_hash() == base
+
+
+def test_mma_config_accepted_and_checked_against_the_target():
+    from hipkernel.config import KernelConfig
+
+    be = RecordingBackend(arch="sm_90")
+    geom = dict(B=1, Sq=40, Hq=8, Hkv=2, d=64, S_cap=64, past_len=24)
+    assert api.flash_prefill_v3(be, 0x100, 0x200, 0x300, 0, 0x500, config={"path": "mma", "bkv": 32},
+                                **geom) == 0
+    launch = be.launches[-1]
+    assert launch["kernel"]["BKV"] == 32 and launch["block"] == (128, 1, 1)
+    with pytest.raises(ValueError, match="^config: path"):
+        api.flash_prefill_v3(be, 0x100, 0x200, 0x300, 0, 0x500, config={"path": "wmma"}, **geom)
+    amd = RecordingBackend(arch="gfx1151")
+    with pytest.raises(ValueError, match="^config: path 'mma' needs"):
+        api.flash_prefill_v3(amd, 0x100, 0x200, 0x300, 0, 0x500,
+                             config=KernelConfig(4, 64, "mma"), **geom)
+    assert not amd.launches and not amd.calls  # refused before any device call
 
 
 def test_misaligned_device_pointer_rejected():

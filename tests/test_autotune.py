@@ -92,3 +92,54 @@ def test_explicit_config_skips_tuning():
     api.flash_prefill_v3(be, 0x100, 0x200, 0x300, 0, 0x500, Sq=512, S_cap=1024, past_len=512, config={"bkv": 32}, **GEOM)
     assert TUNER.sweeps == 0
     assert be.launches[0]["kernel"]["BKV"] == 32
+
+
+# ---- candidates per target (hipkernel.config.candidates) -------------------------------
+
+def test_sweep_covers_the_targets_candidates():
+    """On sm_80+ the sweep adds the mma configs, compiled from the mma source; elsewhere
+    only the scalar configs run. The winner of an sm_90 key may be an mma config."""
+    from hipkernel.config import MMA_CANDIDATES, candidates
+
+    fastest = MMA_CANDIDATES[1]
+    be = RecordingBackend(arch="sm_90",
+                          times={(fastest.m_tiles, fastest.bkv): 0.1})
+    sources = []
+    compile_ = be.compile
+    mma_src = api.kernel_source("mma")
+    be.compile = lambda src, defines, name: (sources.append("mma" if src == mma_src else "scalar"),
+                                             compile_(src, defines, name))[1]
+    prefill_chunk(be, 512)
+    tuning = [l for l in be.launches if l["tuning"]]
+    assert len(tuning) == len(candidates("sm_90")) == len(CANDIDATES) + len(MMA_CANDIDATES)
+    assert sources[:len(tuning)].count("mma") == len(MMA_CANDIDATES)
+    assert TUNER.choices()[0]["config"] in {c.name for c in candidates("sm_90")}
+    amd = RecordingBackend(arch="gfx1151")
+    prefill_chunk(amd, 512)
+    assert sum(l["tuning"] for l in amd.launches) == len(CANDIDATES)
+
+
+def test_tune_disabled_uses_the_targets_default(monkeypatch):
+    from hipkernel.config import MMA_DEFAULT
+
+    monkeypatch.setenv("HIPKERNEL_TUNE", "0")
+    be = RecordingBackend(arch="sm_90")
+    src = []
+    compile_ = be.compile
+    be.compile = lambda s, d, n: (src.append(s), compile_(s, d, n))[1]
+    prefill_chunk(be, 0)
+    k = be.launches[0]["kernel"]
+    assert (k["M_TILES"], k["BKV"]) == (MMA_DEFAULT.m_tiles, MMA_DEFAULT.bkv)
+    assert src[0] == api.kernel_source("mma")
+    assert be.launches[0]["block"] == (MMA_DEFAULT.threads, 1, 1)
+
+
+def test_choose_takes_candidates_per_call():
+    from hipkernel.config import KernelConfig
+
+    t = Autotuner(log=lambda m: None)
+    a, b = KernelConfig(1, 32), KernelConfig(2, 64, "mma")
+    assert t.choose(("x",), lambda c: 2.0 if c == a else 1.0, candidates=(a, b)) == b
+    assert t.choose(("y",), lambda c: 1.0, candidates=(a,)) == a
+    with pytest.raises(ValueError, match="^candidates"):
+        t.choose(("z",), lambda c: 1.0, candidates=())

@@ -246,6 +246,35 @@ def test_check_rows_table_and_summary(monkeypatch):
     assert not ok and "--require-all" in text
 
 
+def test_mma_variants_compile_for_sm80_plus_only(monkeypatch):
+    """Each variant compiles its own path's source; mma variants only for sm_80+ targets."""
+    seen = []
+
+    def fake(tool, target, source, defines, kernel_name, workdir):
+        if source != build.PROBE:
+            seen.append((target, source))
+        return _fake_compile(tool, target, source, defines, kernel_name, workdir)
+
+    monkeypatch.setattr(build, "compile_with", fake)
+    variants = [build.Variant(64, "m4_b64", {"HEAD_DIM": 64}),
+                build.Variant(64, "mma_m4_b64", {"HEAD_DIM": 64}, "mma")]
+    rows = build.check(["sm_90", "sm_75", "gfx942"], {"scalar": "S", "mma": "M"}, variants, "k",
+                       jobs=0)
+    assert [(r.target, r.config) for r in rows] == [
+        ("sm_90", "m4_b64"), ("sm_90", "mma_m4_b64"), ("sm_75", "m4_b64"), ("gfx942", "m4_b64")]
+    assert sorted(seen) == sorted([("sm_90", "S"), ("sm_90", "M"), ("sm_75", "S"), ("gfx942", "S")])
+
+
+def test_kernel_variants_cover_both_paths():
+    from hipkernel.config import CANDIDATES, HEAD_DIMS, MMA_CANDIDATES, MMA_DEFAULT
+    from refattn.mutants import MUTANTS
+
+    vs = build.kernel_variants(mutants=True)
+    names = {(v.d, v.config, v.path) for v in vs}
+    assert {(d, c.name, c.path) for d in HEAD_DIMS for c in CANDIDATES + MMA_CANDIDATES} <= names
+    assert {(d, f"{MMA_DEFAULT.name}+{m.name}", "mma") for d in HEAD_DIMS for m in MUTANTS} <= names
+
+
 def test_spill_and_error_fail_the_check(monkeypatch):
     monkeypatch.setattr(build, "compile_with", _fake_compile)
     variants = [build.Variant(64, "m4_b64", {"HEAD_DIM": 64, "SPILLY": 1}),

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from hipkernel import model
-from hipkernel.config import CANDIDATES, DEFAULT, HEAD_DIMS, KernelConfig
+from hipkernel.config import (CANDIDATES, DEFAULT, HEAD_DIMS, MMA_CANDIDATES, KernelConfig,
+                              candidates, default_config)
 from refattn import reference
 from refattn.mutants import MUTANTS, by_name
 
@@ -134,7 +135,7 @@ SHAPES = [
 ] + [
     Shape(f"{cfg.name}-d{d}-past77-sq45-w50-sink", d=d, Sq=45, past=77, window=50,
           sink="per_head", config=cfg)
-    for cfg in CANDIDATES for d in HEAD_DIMS
+    for cfg in CANDIDATES + MMA_CANDIDATES for d in HEAD_DIMS
 ]
 
 
@@ -150,7 +151,7 @@ def test_window_at_least_skv_is_full_causal():
 
 # ---- NaN canaries: storage no row may see never reaches the output ---------------------
 
-@pytest.mark.parametrize("cfg", CANDIDATES, ids=lambda c: c.name)
+@pytest.mark.parametrize("cfg", CANDIDATES + MMA_CANDIDATES, ids=lambda c: c.name)
 def test_unseen_storage_cannot_change_output(cfg):
     """Cache padding past skv and keys below every row's window hold NaN in one run and
     large finite garbage in the other; the outputs must be bitwise equal."""
@@ -306,8 +307,32 @@ def test_config_geometry():
     assert all(cfg.smem_bytes(d) <= 48 * 1024 for cfg in CANDIDATES for d in HEAD_DIMS)
 
 
+def test_mma_config_geometry_and_candidates():
+    c = KernelConfig(4, 64, "mma")
+    assert (c.block_rows, c.threads, c.name) == (64, 128, "mma_m4_b64")
+    assert c.defines(64) == {"HEAD_DIM": 64, "M_TILES": 4, "BKV": 64}  # the file differs, not -D
+    # two padded K/V stages where they fit in 48 KiB, one otherwise (as the .hip decides)
+    assert (c.kv_stages(64), c.smem_bytes(64)) == (2, 2 * 2 * 64 * 72 * 2)
+    assert (c.kv_stages(128), c.smem_bytes(128)) == (1, 2 * 64 * 136 * 2)
+    assert all(cfg.smem_bytes(d) <= 48 * 1024 for cfg in MMA_CANDIDATES for d in HEAD_DIMS)
+    with pytest.raises(ValueError, match="^bkv"):
+        KernelConfig(4, 128, "mma").defines(128)
+    assert candidates("gfx1151") == CANDIDATES == candidates("sm_75")
+    assert candidates("sm_90") == CANDIDATES + MMA_CANDIDATES == candidates("sm_80")
+    assert default_config("sm_90").path == "mma" and default_config("gfx90a") == DEFAULT
+
+
+def test_mma_model_rounds_p_to_fp16():
+    """path "mma" changes only the rounding of P before P.V: close to scalar, not equal."""
+    s = Shape("mma", Sq=45, past=77, window=50, sink="per_head")
+    scalar = run_model(s)
+    mma = run_model(replace(s, config=KernelConfig(4, 64, "mma")))
+    assert not np.array_equal(scalar, mma)
+    assert rel_l2(mma, scalar) < 2e-3
+
+
 @pytest.mark.parametrize("args, field", [((3, 64), "m_tiles"), ((4, 48), "bkv"),
-                                         ((True, 64), "m_tiles")])
+                                         ((True, 64), "m_tiles"), ((4, 64, "wmma"), "path")])
 def test_config_validation(args, field):
     with pytest.raises(ValueError, match=f"^{field}"):
         KernelConfig(*args)

@@ -1,5 +1,6 @@
 // portable.h: the few differences between HIP (AMD) and CUDA (NVIDIA) device code that
-// gqa_flash_prefill.hip needs, behind small inline functions.
+// gqa_flash_prefill.hip (and, NVIDIA only, gqa_flash_prefill_mma.hip) need, behind small
+// inline functions.
 //
 // It includes no header at all, so it compiles unchanged under
 //   - NVRTC (CUDA): builtins only; fp16 converts through inline PTX, not <cuda_fp16.h>,
@@ -130,3 +131,89 @@ HK_INLINE float hk_xor1(float x) {
 #else
 HK_INLINE float hk_xor1(float x) { return __shfl_xor_sync(0xffffffffu, x, 1); }
 #endif
+
+// ---- NVIDIA tensor-core and async-copy primitives (sm_80+), for gqa_flash_prefill_mma.hip --
+// Inline PTX wrappers, CUDA only: AMD has no MMA path yet and keeps the scalar kernel.
+// Fragment layouts are the PTX ISA's ("Matrix Fragments for mma.m16n8k16 with floating
+// point type"; "ldmatrix"), with g = lane >> 2 and t = lane & 3:
+//   A (16x16 f16, row-major)  a0: (row g,     cols 2t, 2t+1)   a1: (row g + 8, cols 2t, 2t+1)
+//                             a2: (row g,     cols 2t+8, 2t+9) a3: (row g + 8, cols 2t+8, 2t+9)
+//   B (16x8 f16, "col")       b0: (rows 2t, 2t+1, col g)       b1: (rows 2t+8, 2t+9, col g)
+//   C, D (16x8 f32)           c0, c1: (row g, cols 2t, 2t+1)   c2, c3: (row g + 8, cols 2t, 2t+1)
+// Each 32-bit register holds two halves, the lower column / row index in the low 16 bits.
+#if HK_CUDA
+// 32-bit shared-state-space address of a generic pointer into shared memory (what
+// ldmatrix and cp.async take).
+HK_INLINE unsigned int hk_smem_u32(const void* p) {
+    hk_u64 a;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
+    return (unsigned int)a;
+}
+// Global-state-space address of a generic pointer into global memory.
+HK_INLINE hk_u64 hk_gmem_u64(const void* p) {
+    hk_u64 a;
+    asm("cvta.to.global.u64 %0, %1;" : "=l"(a) : "l"(p));
+    return a;
+}
+
+// D = A * B + D: one warp-wide 16x8x16 product, fp16 inputs, fp32 accumulators (in place).
+HK_INLINE void hk_mma_16816(float (&d)[4], const unsigned int (&a)[4], unsigned int b0,
+                            unsigned int b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// ldmatrix .x4: four 8x8 b16 matrices from shared memory. Lanes 8m..8m+7 give the 16-byte
+// row addresses of matrix m (rows 0..7); register m of lane l receives matrix m's row l >> 2,
+// columns 2(l & 3), 2(l & 3) + 1. With .trans, matrix m is transposed on the way: register m
+// receives rows 2(l & 3), 2(l & 3) + 1 of column l >> 2 (a B fragment of a row-major tile).
+HK_INLINE void hk_ldmatrix_x4(unsigned int (&r)[4], unsigned int smem_addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr));
+}
+HK_INLINE void hk_ldmatrix_x4_trans(unsigned int (&r)[4], unsigned int smem_addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr));
+}
+
+// Two fp32 -> one register of two fp16 (round to nearest even), lo in the low 16 bits.
+HK_INLINE unsigned int hk_pack_f16x2(float lo, float hi) {
+    unsigned int r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));  // d = {hi, lo}
+    return r;
+}
+
+// cp.async: a 16-byte global -> shared copy that bypasses registers (and L1: .cg). When
+// `full` is false no byte is read (src-size 0) and the 16 destination bytes are zero-filled,
+// which is how the kernel zero-fills keys no row may see.
+HK_INLINE void hk_cp_async_16(unsigned int smem_addr, const void* gmem, bool full) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                 :
+                 : "r"(smem_addr), "l"(hk_gmem_u64(gmem)), "r"(full ? 16 : 0)
+                 : "memory");
+}
+// Close the group of cp.async issued so far by this thread.
+HK_INLINE void hk_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Wait until at most N of this thread's groups are still in flight (then a barrier makes
+// every thread's copies visible to the block).
+template <int N>
+HK_INLINE void hk_cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// 2^x in one MUFU.EX2: ex2.approx.ftz (max relative error 2^-22; subnormal results flush
+// to 0, which the fp16 P and the fp32 sums cannot see). exp2(-inf) = 0, exp2(NaN) = NaN.
+HK_INLINE float hk_exp2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// Exchange with lane ^ mask (the 4 lanes of an MMA row group are lanes 4g..4g+3).
+HK_INLINE float hk_xor(float x, int mask) { return __shfl_xor_sync(0xffffffffu, x, mask); }
+#endif  // HK_CUDA

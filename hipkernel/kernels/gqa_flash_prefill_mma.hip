@@ -1,0 +1,435 @@
+// gqa_flash_prefill_mma.hip: the fused GQA flash-attention prefill on NVIDIA tensor cores
+// (mma.sync m16n8k16, fp16 in, fp32 accumulate; sm_80 and newer), FlashAttention-2 style.
+//
+// NVIDIA ONLY. This file has no AMD implementation in this round: hipkernel.config offers its
+// configs (path "mma") only for sm_80+ targets, and AMD keeps gqa_flash_prefill.hip.
+//
+// Device code only, with the same ABI and entry name as gqa_flash_prefill.hip (so the launch
+// code is shared; docs/ARCHITECTURE.md "Kernel ABI"):
+//   compile-time  HEAD_DIM (64 | 128), M_TILES (warps = 16-row groups), BKV (keys per tile)
+//   grid          (ceil(Sq / BM), Hq, B), BM = 16 * M_TILES
+//   block         32 * M_TILES threads: warp w owns query rows [16w, 16w + 16) of the Q tile;
+//                 lane l holds rows g = l >> 2 and g + 8 of the MMA fragments (portable.h)
+//   shared        static only: KV_STAGES x (K tile + V tile), BKV x (HEAD_DIM + 8) halves each
+//                 (8 halves of padding per row make ldmatrix conflict-free); two stages
+//                 (cp.async double buffering) when they fit in 48 KiB, else one
+//                 (hipkernel.config.KernelConfig.smem_bytes mirrors this)
+//   pointers      q, k, v, out 16-byte aligned
+//
+// The algorithm is hipkernel/model.py's docstring, the same as the scalar kernel's, step for
+// step: start-tile clamp from the Q tile's first row, the per-row visibility predicate,
+// zero-fill on load of keys j >= skv and j < kv_start, the all-masked-tile NaN guard, the
+// sink epilogue in exp2 space with the max over the sink, out = acc / l (0 when l == 0).
+// What differs is only how the products are done:
+//   S = Q K^T    Q fragments live in registers for the whole block; K fragments come from
+//                shared memory by ldmatrix; S accumulates in fp32 registers.
+//   softmax      on the accumulator fragments: a row is held by the 4 lanes 4g..4g+3, so its
+//                max and sum take two xor-shuffles.
+//   O += P V     P is rounded to fp16 and reused in registers as the A operand (the S
+//                accumulator layout of two adjacent 8-key blocks is the A layout of one
+//                16-key chunk); V fragments come by ldmatrix.trans. model.py rounds P the
+//                same way for path "mma".
+// A warp skips a KV tile in which none of its rows sees a key (causal diagonal, window
+// edge). The model walks such tiles for every row, and there they change nothing exactly
+// (m_new = m or the NaN guard holds, alpha = 1, p = 0), so skipping is bit-identical. Two
+// mutants make such a tile matter (no_nan_guard: exp2(-inf - -inf); tail_unmasked: 0 * NaN
+// in P.V), so under them the warp walks every tile as the model does.
+// Mutants (refattn/mutants.py) are -DHIPKERNEL_MUTANT_<NAME>=1, each an #ifdef where it bites,
+// at the same places as in gqa_flash_prefill.hip.
+
+#include "portable.h"
+
+#if !HK_CUDA
+#error "gqa_flash_prefill_mma.hip is NVIDIA-only (mma.sync, ldmatrix, cp.async); AMD uses gqa_flash_prefill.hip"
+#endif
+#if !defined(HEAD_DIM) || !defined(M_TILES) || !defined(BKV)
+#error "compile with -DHEAD_DIM=<64|128> -DM_TILES=<m> -DBKV=<keys per tile>"
+#endif
+#if HEAD_DIM % 32 != 0
+#error "HEAD_DIM must be a multiple of 32 (ldmatrix.x4 reads 32 dims of a K row at a time)"
+#endif
+#if (BKV & (BKV - 1)) != 0 || BKV < 16
+#error "BKV must be a power of two >= 16 (P.V consumes 16 keys per MMA)"
+#endif
+
+#define BM (16 * M_TILES)         // query rows per block
+#define NTHREADS (32 * M_TILES)   // one warp per 16 rows
+#define VPR (HEAD_DIM / 8)        // 16-byte vectors per K/V row
+#define KV_STRIDE (HEAD_DIM + 8)  // halves per shared K/V row: 16 bytes of padding
+#define KV_TILE (BKV * KV_STRIDE) // halves per shared K or V tile
+#if 2 * 2 * BKV * (HEAD_DIM + 8) * 2 <= 48 * 1024
+#define KV_STAGES 2  // double-buffered: tile t + 1 streams in while tile t is computed
+#else
+#define KV_STAGES 1
+#endif
+#define NB_S (BKV / 8)        // 8-key blocks of the score tile (MMA n)
+#define KC_S (HEAD_DIM / 16)  // 16-dim chunks of Q K^T (MMA k)
+#define KC_P (BKV / 16)       // 16-key chunks of P V (MMA k)
+#define NB_O (HEAD_DIM / 8)   // 8-dim blocks of the output (MMA n)
+
+// Tiles that cannot change a row's state may be skipped (see the header), except under the
+// two mutants for which they do.
+#if !defined(HIPKERNEL_MUTANT_NO_NAN_GUARD) && !defined(HIPKERNEL_MUTANT_TAIL_UNMASKED)
+#define WARP_SKIP 1
+#else
+#define WARP_SKIP 0
+#endif
+
+#define LOG2E 1.4426950408889634f  // exp(x) = exp2(x * LOG2E)
+
+// Blocks an SM should hold at once: ptxas plans for 65536 / (NTHREADS * MIN_BLOCKS)
+// registers a thread; 0: no minimum (ptxas' own heuristic). Picked from a sweep on the H200
+// (scripts/mma_check.py --sections sweep) among the choices that do not spill:
+//   d = 64, BKV = 32   16 warps an SM (128 registers): 0.33 ms at 512@8192 vs 0.36 ms with 0
+//   d = 64, BKV = 64   12 warps an SM (170 registers; ptxas takes ~166): 0.32 ms. A cap of
+//                      128 (which ptxas' heuristic picks by itself on sm_80) spills.
+//   d = 128            1: ptxas takes ~230 and 185 for BKV = 64 and 32 (lower caps spill)
+#ifndef MIN_BLOCKS
+#if HEAD_DIM <= 64 && BKV <= 32
+#define MIN_BLOCKS (512 / NTHREADS)
+#elif HEAD_DIM <= 64
+#define MIN_BLOCKS (384 / NTHREADS > 0 ? 384 / NTHREADS : 1)
+#else
+#define MIN_BLOCKS 1
+#endif
+#endif
+#if MIN_BLOCKS > 0
+#define MMA_LAUNCH_BOUNDS __launch_bounds__(NTHREADS, MIN_BLOCKS)
+#else
+#define MMA_LAUNCH_BOUNDS __launch_bounds__(NTHREADS)
+#endif
+
+// The window's lower bound: key j is inside a window of W keys (self included) ending at
+// absolute position p iff j >= window_lo(p, W) = p - W + 1.
+HK_INLINE int window_lo(int p, int window) {
+#ifdef HIPKERNEL_MUTANT_WINDOW_MASK_OFF_BY_ONE
+    return p - window;  // W + 1 keys
+#else
+    return p - window + 1;
+#endif
+}
+
+// Key j is visible from absolute query position p: causal, and under a window (W > 0)
+// j >= p - W + 1. W < 0: no window.
+HK_INLINE bool visible(int p, int j, int window) {
+    return j <= p && (window < 0 || j >= window_lo(p, window));
+}
+
+extern "C" __global__ MMA_LAUNCH_BOUNDS void gqa_flash_prefill(
+    const half_t* HK_RESTRICT q,     // (B, Sq, Hq, D)      contiguous
+    const half_t* HK_RESTRICT k,     // (B, Hkv, S_cap, D)  contiguous, S_cap >= past_len + Sq
+    const half_t* HK_RESTRICT v,     // (B, Hkv, S_cap, D)
+    const half_t* HK_RESTRICT sink,  // (Hq,) natural-log logits, read only when sink_mode == 1
+    half_t* HK_RESTRICT out,         // (B, Sq, Hq, D)
+    int Sq, int Hq, int Hkv, int S_cap, int past_len,
+    int window,                      // -1 = none, else W >= 1 keys (ORT convention)
+    int sink_mode,                   // 0 none, 1 per-head sink[h], 2 smooth (sigma = 0)
+    float scale) {
+    __shared__ __attribute__((aligned(16))) half_t k_s[KV_STAGES * KV_TILE];  // keys x dims
+    __shared__ __attribute__((aligned(16))) half_t v_s[KV_STAGES * KV_TILE];
+
+    const int tid = hk_thread_x();
+    const int warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2;  // this lane's fragment rows are g and g + 8
+    const int t4 = lane & 3;  // ... and its fragment columns 2 * t4, 2 * t4 + 1 (+ 8)
+    const int qt = hk_block_x(), h = hk_block_y(), b = hk_block_z();
+#ifdef HIPKERNEL_MUTANT_GQA_MODULO
+    const int kvh = h % Hkv;
+#else
+    const int kvh = h / (Hq / Hkv);  // G = Hq / Hkv query heads share a KV head
+#endif
+    const int skv = past_len + Sq;  // keys that exist; [skv, S_cap) is never read
+#ifdef HIPKERNEL_MUTANT_PAST_LEN_IGNORED
+    const int past = 0;  // top-left causal alignment
+#else
+    const int past = past_len;  // row i sits at absolute position past_len + i
+#endif
+
+    // This block's rows and the KV range they can reach.
+    const int i0 = qt * BM;
+    const int i_last = (i0 + BM < Sq ? i0 + BM : Sq) - 1;
+    const int p_first = past + i0, p_last = past + i_last;
+    const int kv_end = p_last + 1;
+    const int kv_start = window > 0 ? (p_first - window + 1 > 0 ? p_first - window + 1 : 0) : 0;
+    // Start-tile clamp from the tile's FIRST row: the rows' lower bounds p - W + 1 are
+    // non-decreasing, so this start covers every row and the mask trims the rest.
+#ifdef HIPKERNEL_MUTANT_CLAMP_FROM_LAST_ROW
+    int t0 = window > 0 ? (p_last - window + 1 > 0 ? p_last - window + 1 : 0) / BKV : 0;
+#else
+    int t0 = kv_start / BKV;
+#endif
+#ifdef HIPKERNEL_MUTANT_CLAMP_PLUS_ONE_TILE
+    t0 += 1;
+#endif
+    const int t_end = (kv_end + BKV - 1) / BKV;
+
+    // The sink logit in exp2 space; the epilogue folds it in once.
+#if defined(HIPKERNEL_MUTANT_SINK_IGNORED)
+    const bool has_sink = false;
+#elif defined(HIPKERNEL_MUTANT_SMOOTH_IGNORED)
+    const bool has_sink = sink_mode == 1;
+#else
+    const bool has_sink = sink_mode == 1 || sink_mode == 2;
+#endif
+    const float sigma = sink_mode == 1 ? hk_h2f(sink[h]) : 0.0f;
+#ifdef HIPKERNEL_MUTANT_SINK_NO_LOG2E
+    const float sig2 = sigma;
+#else
+    const float sig2 = sigma * LOG2E;
+#endif
+
+    // This warp's 16 rows; this lane's two rows r = 0, 1 are iw + g + 8r.
+    const int iw = i0 + 16 * warp;
+    const bool warp_live = iw < Sq;  // a warp wholly past Sq computes nothing
+    const int pw_first = past + iw, pw_last = pw_first + 15;
+    int p_r[2], i_r[2];
+    bool ok_r[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        i_r[r] = iw + g + 8 * r;
+        p_r[r] = past + i_r[r];
+        ok_r[r] = i_r[r] < Sq;  // rows past Sq compute but store nothing
+    }
+
+    // Q as A fragments, for the whole block: qf[kc] holds dims [16kc, 16kc + 16).
+    unsigned int qf[KC_S][4];
+    {
+        const half_t* qrow[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+            qrow[r] = q + (((hk_u64)b * Sq + (ok_r[r] ? i_r[r] : 0)) * Hq + h) * HEAD_DIM + 2 * t4;
+#pragma unroll
+        for (int kc = 0; kc < KC_S; ++kc)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {  // e: (row g, k lo) (row g+8, k lo) (g, k hi) (g+8, k hi)
+                const int r = e & 1;
+                qf[kc][e] = ok_r[r] ? *(const unsigned int*)(qrow[r] + 16 * kc + 8 * (e >> 1)) : 0u;
+            }
+    }
+    const float c2 = scale * LOG2E;  // s2 = c2 * dot(q, k): logits in exp2 space
+
+    // Online-softmax state of this lane's two rows (the 4 lanes of a row hold the same m, l).
+    float m[2] = {hk_neg_inf(), hk_neg_inf()}, l[2] = {0.0f, 0.0f};
+    float o[NB_O][4];  // O accumulator fragments: o[nd] holds dims [8nd, 8nd + 8)
+#pragma unroll
+    for (int nd = 0; nd < NB_O; ++nd)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[nd][e] = 0.0f;
+
+    const hk_u64 kv_base = ((hk_u64)b * Hkv + kvh) * (hk_u64)S_cap * HEAD_DIM;
+    const half_t* kg = k + kv_base;
+    const half_t* vg = v + kv_base;
+    const unsigned int k_s0 = hk_smem_u32(k_s), v_s0 = hk_smem_u32(v_s);
+    // ldmatrix row addresses of this lane (bytes), relative to a tile:
+    //   K (x4 = dims 32kk + 8m, m = lane >> 3, of keys 8nb + (lane & 7)): b0, b1 of chunk 2kk
+    //     and b0, b1 of chunk 2kk + 1, for key block nb;
+    //   V (x4.trans = keys 16kc + (lane & 7) + 8 ((lane >> 3) & 1), dims 8 (nd + (lane >> 4))):
+    //     b0, b1 of dim block nd, then b0, b1 of dim block nd + 1, for key chunk kc.
+    const unsigned int k_lane = 2u * ((lane & 7) * KV_STRIDE + 8 * (lane >> 3));
+    const unsigned int v_lane = 2u * (((lane & 7) + 8 * ((lane >> 3) & 1)) * KV_STRIDE + 8 * (lane >> 4));
+
+    // Stage KV tile t into buffer st: 16-byte cp.async per thread, zero-filling keys no row
+    // of this block may see: past skv (cache padding) and below kv_start (below every row's
+    // window). P.V multiplies p = 0 by them, and 0 * NaN would still be NaN. One pass of the
+    // block copies LD_KEYS key rows; thread tid copies column ld_c of rows ld_key + LD_KEYS i.
+#define LD_KEYS (NTHREADS / VPR)
+    const int ld_key = tid / VPR, ld_c = tid % VPR;
+    const hk_u64 ld_src = (hk_u64)ld_key * HEAD_DIM + 8 * ld_c;
+    const unsigned int ld_dst = 2u * (ld_key * KV_STRIDE + 8 * ld_c);
+    auto load_tile = [&](int t, int st) {
+        const int j0 = t * BKV;
+        const half_t* kt = kg + ((hk_u64)j0 * HEAD_DIM + ld_src);
+        const half_t* vt = vg + ((hk_u64)j0 * HEAD_DIM + ld_src);
+#pragma unroll
+        for (int it = 0; it < (BKV + LD_KEYS - 1) / LD_KEYS; ++it) {
+            const int key = ld_key + it * LD_KEYS;
+            if (BKV % LD_KEYS == 0 || key < BKV) {
+                const int j = j0 + key;
+#ifdef HIPKERNEL_MUTANT_TAIL_UNMASKED
+                const bool keep = j >= kv_start && j < S_cap;  // raw past skv: NaN canaries
+#else
+                const bool keep = j >= kv_start && j < skv;
+#endif
+                // a key not kept reads nothing (src-size 0); its address is the base anyway
+                const unsigned int dst = ld_dst + 2u * (st * KV_TILE + it * LD_KEYS * KV_STRIDE);
+                hk_cp_async_16(k_s0 + dst, keep ? kt + it * LD_KEYS * HEAD_DIM : kg, keep);
+                hk_cp_async_16(v_s0 + dst, keep ? vt + it * LD_KEYS * HEAD_DIM : vg, keep);
+            }
+        }
+        hk_cp_async_commit();
+    };
+
+    if (t0 < t_end) load_tile(t0, 0);
+    for (int t = t0; t < t_end; ++t) {
+#if KV_STAGES == 2
+        const int st = (t - t0) & 1;
+        if (t + 1 < t_end) {
+            load_tile(t + 1, st ^ 1);  // streams in while this tile is computed
+            hk_cp_async_wait<1>();     // tile t (the older group) has landed
+        } else {
+            hk_cp_async_wait<0>();
+        }
+#else
+        const int st = 0;
+        hk_cp_async_wait<0>();
+#endif
+        hk_sync();  // every thread's copies of tile t are visible
+
+        const int j0 = t * BKV;
+#if WARP_SKIP
+        const bool skip = !warp_live || j0 > pw_last ||
+                          (window > 0 && j0 + BKV - 1 < window_lo(pw_first, window));
+#else
+        const bool skip = !warp_live;
+#endif
+        if (!skip) {
+            const unsigned int k_t = k_s0 + 2u * st * KV_TILE + k_lane;
+            const unsigned int v_t = v_s0 + 2u * st * KV_TILE + v_lane;
+
+            // S = Q K^T, fp32.
+            float s[NB_S][4];
+#pragma unroll
+            for (int nb = 0; nb < NB_S; ++nb)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[nb][e] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < HEAD_DIM / 32; ++kk)
+#pragma unroll
+                for (int nb = 0; nb < NB_S; ++nb) {
+                    unsigned int kb[4];
+                    hk_ldmatrix_x4(kb, k_t + 2u * (8 * nb * KV_STRIDE + 32 * kk));
+                    hk_mma_16816(s[nb], qf[2 * kk], kb[0], kb[1]);
+                    hk_mma_16816(s[nb], qf[2 * kk + 1], kb[2], kb[3]);
+                }
+
+            // Invisible keys get -inf. Element e of s[nb] is row g + 8 (e >> 1), key
+            // j0 + 8nb + 2 t4 + (e & 1). A tile every row of the warp sees whole needs no
+            // per-element test.
+            const bool whole = j0 + BKV - 1 <= pw_first &&
+                               (window < 0 || j0 >= window_lo(pw_last, window));
+            if (!whole) {
+#pragma unroll
+                for (int nb = 0; nb < NB_S; ++nb)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int j = j0 + 8 * nb + 2 * t4 + (e & 1);
+                        if (!visible(p_r[e >> 1], j, window)) s[nb][e] = hk_neg_inf();
+                    }
+            }
+            // The row max of the logits in exp2 space, s2 = c2 * dot: c2 > 0 and rounding is
+            // monotonic, so max_j fl(c2 dot_j) = fl(c2 max_j dot_j) exactly.
+            float m_tile[2] = {hk_neg_inf(), hk_neg_inf()};
+#pragma unroll
+            for (int nb = 0; nb < NB_S; ++nb)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) m_tile[e >> 1] = hk_fmax(m_tile[e >> 1], s[nb][e]);
+
+            // Online softmax per row. NaN guard: a row that has seen nothing so far and sees
+            // nothing in this tile (m_new = -inf) keeps (m, l, acc): it takes alpha = 1 and
+            // p = 0 instead of exp2(-inf - -inf) = NaN.
+            //   p_j = exp2(s2_j - m_new) = exp2(fma(dot_j, c2, -m_new)), one FFMA and one MUFU;
+            //   an invisible key (dot = -inf) gives exp2(-inf) = 0 with no select. A row that
+            //   does not update has only invisible keys: its shift is 0, so its p are 0 too.
+            float m_new[2], alpha[2], neg_m[2], l_tile[2] = {0.0f, 0.0f};
+            bool update[2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                m_tile[r] = hk_fmax(m_tile[r], hk_xor(m_tile[r], 1));  // the row's 4 lanes
+                m_tile[r] = hk_fmax(m_tile[r], hk_xor(m_tile[r], 2));
+                m_new[r] = hk_fmax(m[r], c2 * m_tile[r]);
+#ifdef HIPKERNEL_MUTANT_NO_NAN_GUARD
+                update[r] = true;  // m_new = -inf: alpha and p become exp2(-inf - -inf) = NaN
+#else
+                update[r] = m_new[r] != hk_neg_inf();
+#endif
+                alpha[r] = update[r] ? hk_exp2_ftz(m[r] - m_new[r]) : 1.0f;  // 0 when m = -inf
+                neg_m[r] = update[r] ? -m_new[r] : 0.0f;
+            }
+#pragma unroll
+            for (int nb = 0; nb < NB_S; ++nb)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int r = e >> 1;
+                    const float pj = hk_exp2_ftz(hk_fma(s[nb][e], c2, neg_m[r]));
+                    s[nb][e] = pj;
+                    l_tile[r] += pj;
+                }
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                l_tile[r] += hk_xor(l_tile[r], 1);  // the row's sum over the whole tile
+                l_tile[r] += hk_xor(l_tile[r], 2);
+                l[r] = l[r] * alpha[r] + l_tile[r];
+                if (update[r]) m[r] = m_new[r];
+#ifdef HIPKERNEL_MUTANT_SINK_PER_TILE
+                if (has_sink && update[r]) l[r] += hk_exp2(sig2 - m_new[r]);  // split-KV bug
+#endif
+            }
+
+            // acc = acc * alpha + P.V over every key of the tile, P rounded to fp16: p = 0
+            // times a key no row may see is why the load zero-fills them.
+#pragma unroll
+            for (int nd = 0; nd < NB_O; ++nd)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) o[nd][e] *= alpha[e >> 1];
+#pragma unroll
+            for (int kc = 0; kc < KC_P; ++kc) {
+                // The S fragments of key blocks 2kc and 2kc + 1 are the A fragment of chunk kc.
+                const unsigned int pa[4] = {
+                    hk_pack_f16x2(s[2 * kc][0], s[2 * kc][1]),
+                    hk_pack_f16x2(s[2 * kc][2], s[2 * kc][3]),
+                    hk_pack_f16x2(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                    hk_pack_f16x2(s[2 * kc + 1][2], s[2 * kc + 1][3]),
+                };
+#pragma unroll
+                for (int nd = 0; nd < NB_O; nd += 2) {
+                    unsigned int vb[4];
+                    hk_ldmatrix_x4_trans(vb, v_t + 2u * (16 * kc * KV_STRIDE + 8 * nd));
+                    hk_mma_16816(o[nd], pa, vb[0], vb[1]);
+                    hk_mma_16816(o[nd + 1], pa, vb[2], vb[3]);
+                }
+            }
+        }
+        hk_sync();  // tile t is consumed: its buffer may be refilled
+#if KV_STAGES == 1
+        if (t + 1 < t_end) load_tile(t + 1, 0);
+#endif
+    }
+
+    // Epilogue: fold the sink into the denominator once, with the max taken over it too.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        if (has_sink) {
+#ifdef HIPKERNEL_MUTANT_SINK_MAX_SKIPPED
+            const float m_fin = m[r];  // exp2(sig2 - m) overflows for a large sink
+#else
+            const float m_fin = hk_fmax(m[r], sig2);
+#endif
+            const float f = m[r] == hk_neg_inf() ? 0.0f : hk_exp2(m[r] - m_fin);  // row saw nothing: 0
+#pragma unroll
+            for (int nd = 0; nd < NB_O; ++nd) {
+                o[nd][2 * r] *= f;
+                o[nd][2 * r + 1] *= f;
+            }
+            l[r] *= f;
+#ifndef HIPKERNEL_MUTANT_SINK_PER_TILE
+#ifdef HIPKERNEL_MUTANT_SINK_UNSHIFTED
+            l[r] += sig2 == hk_neg_inf() ? 0.0f : hk_exp2(sig2);  // not shifted by the max
+#else
+            l[r] += sig2 == hk_neg_inf() ? 0.0f : hk_exp2(sig2 - m_fin);
+#endif
+#endif
+        }
+
+        // out = acc / l, 0 for a row with nothing in its denominator (a NaN l stays NaN).
+        // Lane (g, t4) writes dims 8nd + 2 t4, 8nd + 2 t4 + 1 of its row.
+        if (ok_r[r]) {
+            half_t* orow = out + (((hk_u64)b * Sq + i_r[r]) * Hq + h) * HEAD_DIM + 2 * t4;
+#pragma unroll
+            for (int nd = 0; nd < NB_O; ++nd) {
+                const float lo = l[r] == 0.0f ? 0.0f : o[nd][2 * r] / l[r];
+                const float hi = l[r] == 0.0f ? 0.0f : o[nd][2 * r + 1] / l[r];
+                *(unsigned int*)(orow + 8 * nd) = hk_pack_f16x2(lo, hi);
+            }
+        }
+    }
+}

@@ -1,0 +1,679 @@
+"""Reliability of the fused kernel on a GPU: is it deterministic, does it survive random
+geometries, and is it clean under compute-sanitizer?
+
+Kernel calls go through :func:`run_kernel`: ``hipkernel.attention`` with the device output
+buffer primed with the NaN canary, so an element the kernel never writes is seen (the plain
+API copies back a fresh device allocation, which hides it).
+
+Every function takes a backend object ``be`` (``hipkernel.backends.get_backend()``, or any
+object with the same compile/alloc/htod/dtoh/launch/synchronize/time_ms interface) and
+returns a JSON-able dict with an ``ok`` field, so ``hipkernel.gpu_session`` can stamp it into
+a ``reliability`` record (``hipkernel.record``):
+
+* :func:`determinism` runs each case ``runs`` times with one explicit config (the case's, or
+  the one the autotuner picks; ``HIPKERNEL_TUNE=0`` means the tuner's default; or each of a
+  given list) and asks whether the outputs are bitwise identical. A kernel without atomics or split-KV reductions
+  has no reason to differ; one that does would make every other GPU record irreproducible.
+* :func:`fuzz` draws ``n`` random geometries (:func:`random_geometry`), runs the kernel on
+  each with a NaN-prefilled output buffer, and judges it against the fp64 reference under
+  the derived gate (DESIGN §4): ``metrics.compare`` against
+  ``reference.attention_with_baseline``. Each failure carries its :class:`Geometry`, and
+  ``run_one(be, Geometry(**failure["geometry"]))`` reproduces it.
+* ``python -m hipkernel.reliability --sanitize-target`` (:func:`sanitize_target`) is the
+  process to wrap in ``compute-sanitizer``: the case matrix once, ``HIPKERNEL_TUNE=0`` (every
+  launch config the cases use, no tuning sweep), exit status 0 or 1.
+  :func:`sanitizer_commands` gives the command lines and :func:`parse_sanitizer_summary`
+  reads the tool's final summary lines back.
+
+Nothing here imports a GPU runtime at module level: the pure parts (geometry sampling,
+summary parsing, the bookkeeping of :func:`determinism` and :func:`fuzz`) run in CI on
+``tests.fake_backend``-style backends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from hipkernel import api
+from hipkernel.autotune import tune_key
+from hipkernel.config import (CANDIDATES, DEFAULT, HEAD_DIMS, MMA_DEFAULT, KernelConfig, candidates,
+                              has_mma)
+from refattn.args import check_attention_args
+from refattn.cases import OUT_CANARY_BITS, Case, canary_out, load_suites, make_inputs
+from refattn.metrics import compare
+from refattn.reference import attention_with_baseline
+
+# Reference cost cap for one fuzz example: B * Hq * Sq * (keys a row block touches), the
+# number of (row, key) score pairs the fp64 reference computes. At 2**21 pairs and d = 128
+# the reference (scores, P.V and the baseline's P.V, fp64) is ~1.6 GFLOP; measured over
+# random_geometry's mix, inputs plus reference average ~55 ms an example on 2 cores, so 500
+# examples cost well under a minute of host time.
+DEFAULT_MAX_COST = 2**21
+MAX_FAILURES_KEPT = 50  # failures listed in a fuzz report (all are counted)
+FUZZ_HQ_HKV = tuple((hkv * g, hkv) for hkv in (1, 2, 4, 8) for g in (1, 2, 4, 8))
+
+
+def _finite(x) -> float | None:
+    """A JSON-safe float (records are written with ``allow_nan=False``)."""
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def _unwritten(out: np.ndarray) -> int:
+    """Elements of ``out`` that still hold the canary bit pattern (never written)."""
+    return int((out.view(np.uint16) == OUT_CANARY_BITS).sum())
+
+
+def _case_config(case: Case) -> KernelConfig | None:
+    if not case.config:
+        return None
+    return KernelConfig(case.config.get("m_tiles", DEFAULT.m_tiles),
+                        case.config.get("bkv", DEFAULT.bkv), case.config.get("path", DEFAULT.path))
+
+
+_CONFIG_NAME = re.compile(r"(?:([a-z]+)_)?m(\d+)_b(\d+)")
+
+
+def config_from_name(name: str) -> KernelConfig:
+    """The inverse of ``KernelConfig.name``: ``"m4_b64"`` (scalar) or ``"mma_m4_b64"``."""
+    m = _CONFIG_NAME.fullmatch(str(name))
+    if m is None:
+        raise ValueError(f"config: expected a config name like m4_b64 or mma_m4_b64, got {name!r}")
+    return KernelConfig(int(m.group(2)), int(m.group(3)), m.group(1) or "scalar")
+
+
+def _supported(case: Case) -> bool:
+    return api.decline_reason(d=case.d, softcap=case.softcap, dtype=case.dtype) is None
+
+
+def run_kernel(be, q, k, v, *, out, past_len, window=-1, sink=None, smooth_softmax=False,
+               softcap=0.0, scale=None, config=None, mutants=frozenset()) -> int:
+    """``hipkernel.attention`` with the device output buffer primed from ``out``.
+
+    ``hipkernel.attention(out=...)`` allocates the device output buffer and copies it back
+    whole, so an element the kernel never writes returns whatever that allocation held:
+    zeros, or a previous call's output (freed memory is reused), never the host canary.
+    Here the device buffer starts as a copy of ``out`` (the NaN canary), so an unwritten
+    element comes back as the canary and is counted. Everything else is the same: host
+    argument checks, the host-side decline (nothing launched, ``out`` untouched), and
+    ``flash_prefill_v3`` on device buffers. Returns the status (0 or -1)."""
+    a = check_attention_args(q, k, v, past_len=past_len, window=window, sink=sink,
+                             smooth_softmax=smooth_softmax, softcap=softcap, scale=scale,
+                             allow_cache_capacity=True)
+    if not (isinstance(out, np.ndarray) and out.shape == q.shape and out.dtype == np.float16
+            and out.flags.c_contiguous and out.flags.writeable):
+        raise ValueError(f"out: expected a writeable C-contiguous float16 array of shape {q.shape}")
+    dtype = "fp16" if all(x.dtype == np.float16 for x in (q, k, v)) else "other"
+    if api.decline_reason(d=a.d, softcap=a.softcap, dtype=dtype) is not None:
+        return -1
+    sink16 = np.asarray(sink, dtype=np.float16) if a.sink_mode == "per_head" else None
+    bufs = {}
+    try:
+        for name, arr in (("q", q), ("k", k), ("v", v), ("sink", sink16), ("out", out)):
+            if arr is not None:
+                arr = np.ascontiguousarray(arr)
+                bufs[name] = be.alloc(arr.nbytes)
+                be.htod(bufs[name], arr)
+        status = api.flash_prefill_v3(
+            be, bufs["q"], bufs["k"], bufs["v"], bufs.get("sink", 0), bufs["out"],
+            B=a.B, Sq=a.Sq, Hq=a.Hq, Hkv=a.Hkv, d=a.d, S_cap=k.shape[2], past_len=a.past_len,
+            window=a.window, sink_mode=a.sink_mode, scale=a.scale, softcap=a.softcap,
+            dtype=dtype, config=config, mutants=mutants)
+        if status == 0:
+            be.dtoh(out, bufs["out"])
+        return status
+    finally:
+        for ptr in bufs.values():
+            be.free(ptr)
+
+
+# --------------------------------------------------------------------------- determinism
+
+def resolve_config(be, case: Case) -> KernelConfig:
+    """The config a plain call of ``case`` runs with: the case's own, else the autotuner's
+    choice for its key (sweeping once if the key is new), else the tuner's default
+    (``config.DEFAULT``) when ``HIPKERNEL_TUNE=0``."""
+    cfg = _case_config(case)
+    if cfg is not None:
+        return cfg
+    tuner = api.TUNER
+    if not tuner.enabled():
+        return tuner.default
+    key = tune_key(d=case.d, sq=case.sq, Hq=case.Hq, G=case.G, window=case.window,
+                   dtype=case.dtype, arch=be.arch)
+    if key not in tuner.cache:
+        inputs = make_inputs(case)
+        api.attention(inputs.q, inputs.k, inputs.v, out=inputs.out, backend=be,
+                      **inputs.reference_kwargs())  # config=None: sweeps and caches the key
+    return tuner.cache.get(key, tuner.default)
+
+
+def determinism(be, cases, runs: int = 3, configs=None) -> dict:
+    """Run each case ``runs`` times with one explicit config and compare the outputs bit for
+    bit. The config is :func:`resolve_config`'s (the case's, the autotuned one, or the
+    default under ``HIPKERNEL_TUNE=0``); with ``configs`` (e.g. ``config.candidates(be.arch)``)
+    each case runs under each of those instead, one row per (case, config).
+
+    Per row: ``identical`` (every run returned 0 and the runs are byte-equal), ``max_diff``
+    (largest element-wise difference from the first run; None where NaN positions differ),
+    and ``unwritten`` (most canary elements any run left; must be 0). Declined cases are run
+    once and must return -1 with the buffer byte-identical (``declined_ok``)."""
+    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 2:
+        raise ValueError(f"runs: expected an int >= 2, got {runs!r}")
+    t0 = time.perf_counter()
+    rows = []
+    for case in cases:
+        inputs = make_inputs(case)
+        if not _supported(case):
+            status = run_kernel(be, inputs.q, inputs.k, inputs.v, out=inputs.out,
+                                config=_case_config(case), **inputs.reference_kwargs())
+            # Nothing to compare; the contract is checked instead: -1, buffer untouched.
+            rows.append({"case": case.id, "describe": case.describe(), "declined": True,
+                         "status": [int(status)],
+                         "declined_ok": bool(status == -1 and inputs.out_intact())})
+            continue
+        for cfg in ([resolve_config(be, case)] if configs is None else configs):
+            rows.append(_repeat(be, case, inputs, cfg, runs))
+    ran = [r for r in rows if not r["declined"]]
+    bad_declines = [r["case"] for r in rows if r["declined"] and not r["declined_ok"]]
+    nondet = [f"{r['case']} {r['config']}" for r in ran if not r["identical"]]
+    incomplete = [f"{r['case']} {r['config']}" for r in ran if r["unwritten"]]
+    return {
+        "kind": "determinism", "runs": runs, "tune": api.TUNER.enabled(),
+        "n_rows": len(rows), "n_run": len(ran), "n_declined": len(rows) - len(ran),
+        "n_identical": len(ran) - len(nondet), "nondeterministic": nondet,
+        "incomplete": incomplete, "bad_declines": bad_declines,
+        "ok": not nondet and not incomplete and not bad_declines,
+        "wall_s": round(time.perf_counter() - t0, 3), "cases": rows,
+    }
+
+
+def _repeat(be, case: Case, inputs, cfg: KernelConfig, runs: int) -> dict:
+    outs, statuses, unwritten = [], [], 0
+    for _ in range(runs):
+        out = inputs.fresh_out()
+        status = run_kernel(be, inputs.q, inputs.k, inputs.v, out=out, config=cfg,
+                            **inputs.reference_kwargs())
+        statuses.append(int(status))
+        unwritten = max(unwritten, _unwritten(out))
+        outs.append(out)
+    first = outs[0]
+    identical = all(o.tobytes() == first.tobytes() for o in outs[1:])
+    max_diff = None
+    if all(np.array_equal(np.isnan(o), np.isnan(first)) for o in outs[1:]):
+        f64 = first.astype(np.float64)
+        max_diff = _finite(max(float(np.max(np.abs(np.where(np.isnan(f64), 0, o.astype(np.float64) - f64))))
+                               for o in outs[1:]))
+    return {"case": case.id, "describe": case.describe(), "declined": False, "config": cfg.name,
+            "runs": runs, "status": statuses,
+            "identical": bool(identical and all(s == 0 for s in statuses)),
+            "max_diff": max_diff, "unwritten": unwritten}
+
+
+# --------------------------------------------------------------------------- fuzzing
+
+@dataclass(frozen=True)
+class Geometry:
+    """One fuzz example: the geometry, options, input seed and kernel config. Inputs come
+    from ``refattn.cases.make_inputs`` of :meth:`case` (fp16 N(0, 1), per-head sinks
+    U(-2, 4), NaN canaries in the cache padding). ``tight`` drops the padding: the cache is
+    exactly ``past_len + Sq`` keys long, so a read past it leaves the allocation."""
+
+    B: int
+    Sq: int
+    Hq: int
+    Hkv: int
+    d: int
+    past_len: int
+    window: int
+    sink: str  # "none" | "per_head" | "smooth"
+    seed: int
+    config: str  # KernelConfig.name, e.g. "m4_b64"
+    tight: bool = False
+    scale: float | None = None
+
+    @property
+    def skv(self) -> int:
+        return self.past_len + self.Sq
+
+    @property
+    def cost(self) -> int:
+        """(row, key) score pairs the fp64 reference computes: under a window a block of
+        rows touches about Sq + W keys, not all of them."""
+        keys = self.skv if self.window < 0 else min(self.skv, self.window + self.Sq)
+        return self.B * self.Hq * self.Sq * keys
+
+    def kernel_config(self) -> KernelConfig:
+        return config_from_name(self.config)
+
+    def case(self) -> Case:
+        """The inputs' recipe (the config is passed to the kernel explicitly, not via the case)."""
+        return Case(name=f"fuzz-{self.seed}", suite="fuzz", Hq=self.Hq, Hkv=self.Hkv, d=self.d,
+                    sq=self.Sq, B=self.B, past_len=self.past_len, window=self.window,
+                    sink=self.sink, seed=self.seed, scale=self.scale, why="random geometry")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def describe(self) -> str:
+        return (f"B{self.B} sq{self.Sq} Hq{self.Hq}/Hkv{self.Hkv} d{self.d} past{self.past_len} "
+                f"w{self.window} {self.sink} {self.config}" + (" tight" if self.tight else "")
+                + ("" if self.scale is None else f" scale={self.scale:g}") + f" seed{self.seed}")
+
+
+def random_geometry(rng: np.random.Generator, max_cost: int = DEFAULT_MAX_COST,
+                    configs=CANDIDATES) -> Geometry:
+    """A random kernel call: d in {64, 128}; (Hq, Hkv) with G and Hkv in {1, 2, 4, 8}; B 1-2;
+    Sq 1-300 (often 1-16: ragged tails); past_len 0-3000 (often 0); window -1 or 1-600
+    (often 1-8: rows that see almost nothing); sink none / per_head / smooth; a config drawn
+    from ``configs``; sometimes a tight cache or a sharp scale. Shrunk (heads first, then past_len,
+    then Sq) until :attr:`Geometry.cost` <= ``max_cost``."""
+    Hq, Hkv = FUZZ_HQ_HKV[rng.integers(len(FUZZ_HQ_HKV))]
+    d = int(rng.choice(HEAD_DIMS))
+    Sq = int(rng.integers(1, 17) if rng.random() < 0.3 else rng.integers(1, 301))
+    past = 0 if rng.random() < 0.3 else int(rng.integers(0, 3001))
+    u = rng.random()
+    window = -1 if u < 0.45 else int(rng.integers(1, 9) if u < 0.6 else rng.integers(1, 601))
+    sink = str(rng.choice(["none", "per_head", "smooth"]))
+    config = configs[rng.integers(len(configs))].name
+    tight = bool(rng.random() < 0.25)
+    scale = None if rng.random() < 0.8 else float(rng.choice([0.5, 2.0]))  # sharp softmax
+    return fit_cost(Geometry(B=int(rng.integers(1, 3)), Sq=Sq, Hq=int(Hq), Hkv=int(Hkv), d=d,
+                             past_len=past, window=window, sink=sink,
+                             seed=int(rng.integers(0, 2**31)), config=config, tight=tight,
+                             scale=scale), max_cost)
+
+
+def fit_cost(g: Geometry, max_cost: int = DEFAULT_MAX_COST) -> Geometry:
+    """``g`` shrunk until its reference cost is at most ``max_cost``: first the query heads
+    per KV head, then the KV heads, the batch, past_len and finally Sq (each halved), so
+    ragged lengths and windows survive and only the work shrinks."""
+    g = asdict(g)
+    while Geometry(**g).cost > max_cost:
+        if g["Hq"] > g["Hkv"]:
+            g["Hq"] = g["Hkv"] * ((g["Hq"] // g["Hkv"]) // 2)
+        elif g["Hkv"] > 1:
+            g["Hq"] //= 2
+            g["Hkv"] //= 2
+        elif g["B"] > 1:
+            g["B"] = 1
+        elif g["past_len"] > 0:
+            g["past_len"] //= 2
+        elif g["Sq"] > 1:
+            g["Sq"] //= 2
+        else:
+            break
+    return Geometry(**g)
+
+
+def run_one(be, g: Geometry, *, mutants=frozenset()) -> dict:
+    """Run the kernel on ``g`` into a NaN-prefilled buffer and judge it against the fp64
+    reference under the derived gate. ``passed`` needs status 0, every element written,
+    and the comparison passed."""
+    inputs = make_inputs(g.case())
+    k_clean, v_clean = inputs.clean_kv()
+    if g.tight:
+        k, v = np.ascontiguousarray(k_clean), np.ascontiguousarray(v_clean)
+    else:
+        k, v = inputs.k, inputs.v
+    kw = inputs.reference_kwargs()
+    t0 = time.perf_counter()
+    ref, base = attention_with_baseline(inputs.q, k_clean, v_clean, **kw)
+    t1 = time.perf_counter()
+    out = canary_out(inputs.q.shape)
+    status = run_kernel(be, inputs.q, k, v, out=out, config=g.kernel_config(), mutants=mutants, **kw)
+    t2 = time.perf_counter()
+    unwritten = _unwritten(out)
+    row = {"geometry": g.to_dict(), "describe": g.describe(), "status": int(status),
+           "unwritten": unwritten, "reference_s": t1 - t0, "kernel_s": t2 - t1}
+    if status != 0:
+        row.update(passed=False, summary=f"status {status}: the kernel declined a supported call")
+        return row
+    c = compare(out, ref, base)
+    row.update(passed=bool(c.passed and unwritten == 0), rel_l2=_finite(c.rel_l2),
+               max_abs=_finite(c.max_abs), gate_rel_l2=_finite(c.gate_rel_l2),
+               gate_max_abs=_finite(c.gate_max_abs),
+               summary=c.summary() + (f"; {unwritten} elements never written" if unwritten else ""))
+    if not c.passed:
+        row["failure_message"] = c.failure_message()
+    return row
+
+
+def fuzz(be, n: int = 500, seed: int = 0, *, max_cost: int = DEFAULT_MAX_COST,
+         configs=None, mutants=frozenset(), progress=None) -> dict:
+    """``n`` random geometries (:func:`random_geometry` from ``default_rng(seed)``), each run
+    by :func:`run_one`. Explicit configs drawn from ``configs`` (default: the autotune
+    candidates of ``be.arch``, so the mma path too where it exists): every compiled variant
+    is fuzzed and no tuning sweep runs. Returns counts, the failures (with
+    the geometry to reproduce them; the first ``MAX_FAILURES_KEPT``), the worst ratio of
+    error to gate, and wall/kernel/reference time. ``progress(i, n, row)`` is called after
+    each example."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n: expected an int >= 1, got {n!r}")
+    configs = tuple(candidates(be.arch) if configs is None else configs)
+    rng = np.random.default_rng(seed)
+    t0 = time.perf_counter()
+    passed = failed = 0
+    failures, worst = [], None
+    t_kernel = t_ref = 0.0
+    for i in range(n):
+        g = random_geometry(rng, max_cost, configs)
+        try:
+            row = run_one(be, g, mutants=mutants)
+        except Exception as e:  # noqa: BLE001 - a crash on one geometry is a failure to report
+            row = {"geometry": g.to_dict(), "describe": g.describe(), "passed": False,
+                   "summary": f"raised {type(e).__name__}: {e}",
+                   "traceback": traceback.format_exc(limit=4)}
+        t_kernel += row.get("kernel_s", 0.0)
+        t_ref += row.get("reference_s", 0.0)
+        if row["passed"]:
+            passed += 1
+        else:
+            failed += 1
+            if len(failures) < MAX_FAILURES_KEPT:
+                failures.append({k: v for k, v in row.items() if k not in ("kernel_s", "reference_s")})
+        if row.get("rel_l2") is not None and row.get("gate_rel_l2"):
+            ratio = max(row["rel_l2"] / row["gate_rel_l2"], row["max_abs"] / row["gate_max_abs"])
+            if worst is None or ratio > worst["ratio"]:
+                worst = {"ratio": ratio, "describe": row["describe"], "summary": row["summary"]}
+        if progress is not None:
+            progress(i, n, row)
+    return {
+        "kind": "fuzz", "n": n, "seed": seed, "max_cost": max_cost,
+        "configs": [c.name for c in configs],
+        "mutants": sorted(mutants), "passed": passed, "failed": failed,
+        "ok": failed == 0, "worst": worst, "failures": failures,
+        "wall_s": round(time.perf_counter() - t0, 3), "kernel_s": round(t_kernel, 3),
+        "reference_s": round(t_ref, 3),
+        "reproduce": "hipkernel.reliability.run_one(be, Geometry(**failure['geometry']))",
+    }
+
+
+# --------------------------------------------------------------------------- sanitizer
+
+SANITIZER_TOOLS = {
+    # tool -> extra compute-sanitizer options. --error-exitcode makes a finding fail the run
+    # even when the target itself exits 0.
+    "memcheck": "--tool memcheck --leak-check full --error-exitcode 3",
+    "racecheck": "--tool racecheck --error-exitcode 3",
+    "initcheck": "--tool initcheck --error-exitcode 3",
+    "synccheck": "--tool synccheck --error-exitcode 3",
+}
+
+
+def sanitizer_commands(suites=("seed", "extended"), python: str = "python",
+                       extra: str = "") -> dict[str, str]:
+    """The command line per compute-sanitizer tool, run from the repository root with
+    ``PYTHONPATH=.``. ``extra`` is appended to the target's arguments (e.g. ``-k w128``)."""
+    target = (f"{python} -m hipkernel.reliability --sanitize-target --suites {','.join(suites)}"
+              + (f" {extra}" if extra else ""))
+    return {tool: f"compute-sanitizer {opts} {target}" for tool, opts in SANITIZER_TOOLS.items()}
+
+
+def sanitizer_script(suites=("seed", "extended"), out_dir: str = "sanitizer",
+                     tools=("memcheck", "racecheck"), python: str = "python") -> str:
+    """A bash script that runs each tool over the target, keeps each log, and ends by parsing
+    the logs into JSON (``--parse-sanitizer``, exit 0 iff every log is clean)."""
+    cmds = sanitizer_commands(suites, python)
+    lines = ["#!/usr/bin/env bash", "# compute-sanitizer over the case matrix "
+             "(written by hipkernel.reliability.sanitizer_script)", "set -u",
+             "export PYTHONPATH=.", f"mkdir -p {out_dir}"]
+    for tool in tools:
+        lines.append(f"{cmds[tool]} > {out_dir}/{tool}.log 2>&1; echo \"{tool}: exit $?\"")
+    logs = " ".join(f"{out_dir}/{t}.log" for t in tools)
+    lines.append(f"{python} -m hipkernel.reliability --parse-sanitizer {logs}")
+    return "\n".join(lines) + "\n"
+
+
+_ERROR_SUMMARY = re.compile(r"ERROR SUMMARY:\s*(\d+)\s+errors?\b")
+_RACE_SUMMARY = re.compile(r"RACECHECK SUMMARY:\s*(\d+)\s+hazards?\s+displayed\s*"
+                           r"\(\s*(\d+)\s+errors?,\s*(\d+)\s+warnings?\s*\)")
+_LEAK_SUMMARY = re.compile(r"LEAK SUMMARY:\s*(\d+)\s+bytes?\s+leaked\s+in\s+(\d+)\s+allocations?")
+_PROGRAM_HIT = re.compile(r"Program hit\s+(\S+)")
+_REPORT = re.compile(r"^=+\s+((?:Invalid|Error|Uninitialized|Barrier|Race|Warning|Malloc|"
+                     r"Leaked|Address|Misaligned)\b.*)$", re.M)
+_TARGET_ERROR = "Target application returned an error"
+
+
+def parse_sanitizer_summary(text: str, tool: str | None = None) -> dict:
+    """Read compute-sanitizer's output (its lines start with ``=========``).
+
+    The final lines it documents: ``ERROR SUMMARY: N error(s)`` (memcheck, initcheck,
+    synccheck), ``RACECHECK SUMMARY: N hazard(s) displayed (E error(s), W warning(s))``
+    (racecheck), ``LEAK SUMMARY: B bytes leaked in A allocations`` (memcheck with
+    ``--leak-check full``); and ``Target application returned an error`` when the target
+    exited non-zero. Summaries of several processes are summed. ``ok`` needs at least one
+    summary (a log without one means the tool or the target died), zero errors, hazards,
+    warnings and leaked bytes, and no target error or ``Program hit`` API error."""
+    errs = [int(n) for n in _ERROR_SUMMARY.findall(text)]
+    races = [tuple(map(int, m)) for m in _RACE_SUMMARY.findall(text)]
+    leaks = [tuple(map(int, m)) for m in _LEAK_SUMMARY.findall(text)]
+    if tool is None:
+        tool = "racecheck" if races else ("memcheck" if leaks else "unknown")
+    hazards = sum(r[0] for r in races) if races else None
+    warnings = sum(r[2] for r in races) if races else None
+    errors = sum(errs) + sum(r[1] for r in races)
+    leaked = sum(b for b, _ in leaks) if leaks else None
+    hits = sorted(set(_PROGRAM_HIT.findall(text)))
+    target_error = _TARGET_ERROR in text
+    n_summaries = len(errs) + len(races)
+    problems = []
+    if n_summaries == 0:
+        problems.append("no ERROR/RACECHECK SUMMARY line: the tool or the target did not finish")
+    if errors:
+        problems.append(f"{errors} error(s)")
+    if hazards:
+        problems.append(f"{hazards} hazard(s)")
+    if warnings:
+        problems.append(f"{warnings} warning(s)")
+    if leaked:
+        problems.append(f"{leaked} bytes leaked")
+    if target_error:
+        problems.append("the target application returned an error")
+    if hits:
+        problems.append("API errors: " + ", ".join(hits))
+    return {
+        "tool": tool, "errors": errors, "hazards": hazards, "warnings": warnings,
+        "leaked_bytes": leaked, "leaked_allocations": sum(a for _, a in leaks) if leaks else None,
+        "summaries": n_summaries, "target_error": target_error, "program_hits": hits,
+        "first_reports": _REPORT.findall(text)[:10], "problems": problems, "ok": not problems,
+    }
+
+
+def sanitize_target(suites=("seed", "extended"), *, backend=None, match=None, cache: str = "tight",
+                    all_configs: bool = False, judge: bool = False, out=None) -> int:
+    """The case matrix once on the kernel, for compute-sanitizer. ``HIPKERNEL_TUNE=0``, so
+    launches use the case configs and ``config.DEFAULT`` only (``all_configs``: every
+    autotune candidate of ``be.arch`` too, the mma path included where it exists). ``cache="tight"`` hands the kernel a cache of exactly
+    ``past_len + Sq`` keys, so a read past the end of the last head's cache leaves the
+    allocation and memcheck sees it; ``"padded"`` is the matrix's NaN-canary layout;
+    ``"both"`` runs both. A supported case must return 0, write every element and stay
+    finite (``judge``: and pass the derived gate); a declined one must return -1 with the
+    buffer byte-identical. On a target with tensor cores every supported case also runs
+    the mma path's default config, so the sanitizer sees both kernel sources. Prints one line per launch; returns 0 if all is well, else 1."""
+    out = out or sys.stdout
+    saved = os.environ.get("HIPKERNEL_TUNE")
+    os.environ["HIPKERNEL_TUNE"] = "0"
+    try:
+        return _sanitize_cases(suites, backend, match, cache, all_configs, judge, out)
+    finally:
+        if saved is None:
+            os.environ.pop("HIPKERNEL_TUNE", None)
+        else:
+            os.environ["HIPKERNEL_TUNE"] = saved
+
+
+def _sanitize_cases(suites, backend, match, cache, all_configs, judge, out) -> int:
+    from hipkernel.backends import get_backend
+
+    be = backend if backend is not None and not isinstance(backend, str) else get_backend(backend)
+    variants = {"tight": ("tight",), "padded": ("padded",), "both": ("tight", "padded")}.get(cache)
+    if variants is None:
+        raise ValueError(f"cache: expected tight, padded or both, got {cache!r}")
+    cases = load_suites(list(suites))
+    if match:
+        cases = [c for c in cases if any(s in c.name for s in match)]
+    print(f"sanitize target: {len(cases)} cases on {be.name} ({be.arch}), cache {cache}, "
+          f"HIPKERNEL_TUNE=0", file=out, flush=True)
+    bad = launches = 0
+    for case in cases:
+        inputs = make_inputs(case)
+        supported = _supported(case)
+        configs = [_case_config(case)]  # None: the default config (HIPKERNEL_TUNE=0)
+        if supported and has_mma(be.arch):
+            configs.append(MMA_DEFAULT)  # the tensor-core path the autotuner picks there
+        if all_configs and supported:
+            configs += [c for c in candidates(be.arch) if c not in configs]
+        ref = None
+        for variant in variants:
+            if variant == "tight":
+                k, v = (np.ascontiguousarray(x) for x in inputs.clean_kv())
+            else:
+                k, v = inputs.k, inputs.v
+            for cfg in configs:
+                buf = inputs.fresh_out()
+                status = run_kernel(be, inputs.q, k, v, out=buf, config=cfg,
+                                    **inputs.reference_kwargs())
+                launches += 1
+                if not supported:
+                    ok = status == -1 and inputs.out_intact(buf)
+                    note = "declined" if ok else f"status {status} or buffer touched on a decline"
+                else:
+                    unwritten = _unwritten(buf)
+                    finite = bool(np.isfinite(buf).all())
+                    ok = status == 0 and unwritten == 0 and finite
+                    note = f"status {status}, {unwritten} unwritten, finite={finite}"
+                    if ok and judge:
+                        if ref is None:
+                            kc, vc = inputs.clean_kv()
+                            ref = attention_with_baseline(inputs.q, kc, vc, **inputs.reference_kwargs())
+                        c = compare(buf, *ref)
+                        ok = c.passed
+                        note = c.summary()
+                name = "default" if cfg is None else cfg.name
+                print(f"  {'ok ' if ok else 'BAD'} {case.id:<45} {variant:<6} {name:<8} {note}",
+                      file=out, flush=True)
+                bad += not ok
+    be.synchronize()
+    print(f"sanitize target: {launches} calls, {bad} bad", file=out, flush=True)
+    return 0 if bad == 0 else 1
+
+
+# --------------------------------------------------------------------------- records
+
+def record_body(be, *, determinism: dict | None = None, fuzz: dict | None = None,
+                sanitizer: dict | None = None) -> tuple[dict, bool]:
+    """The body of a ``reliability`` record and its ``ok``: every section given must be ok.
+    ``sanitizer`` maps a tool name to :func:`parse_sanitizer_summary` output. Stamp it with
+    ``hipkernel.record.stamp("reliability", be.device_name, body, ok)``."""
+    body = {"backend": be.name, "arch": be.arch}
+    oks = []
+    for name, section in (("determinism", determinism), ("fuzz", fuzz), ("sanitizer", sanitizer)):
+        if section is None:
+            continue
+        body[name] = section
+        oks.append(all(s["ok"] for s in section.values()) if name == "sanitizer" else section["ok"])
+    return body, bool(oks) and all(oks)
+
+
+# --------------------------------------------------------------------------- command line
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m hipkernel.reliability", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Reliability of the fused kernel: the compute-sanitizer target, the "
+                    "sanitizer log parser, and determinism + fuzzing on a GPU.",
+        epilog="examples:\n"
+               "  compute-sanitizer --tool memcheck --leak-check full --error-exitcode 3 \\\n"
+               "      python -m hipkernel.reliability --sanitize-target --suites seed,extended\n"
+               "  python -m hipkernel.reliability --parse-sanitizer memcheck.log racecheck.log\n"
+               "  python -m hipkernel.reliability --run --fuzz-n 500 --out reports/gpu\n"
+               "  python -m hipkernel.reliability --print-sanitizer-script\n")
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--sanitize-target", action="store_true",
+                      help="run the case matrix once with HIPKERNEL_TUNE=0 (wrap in compute-sanitizer)")
+    mode.add_argument("--parse-sanitizer", nargs="+", metavar="LOG",
+                      help="parse compute-sanitizer logs; print JSON; exit 0 iff all are clean")
+    mode.add_argument("--run", action="store_true",
+                      help="determinism over --suites and fuzzing; write a reliability record to --out")
+    mode.add_argument("--print-sanitizer-script", action="store_true",
+                      help="print a bash script running memcheck and racecheck over the target")
+    ap.add_argument("--suites", default="seed,extended", help="comma-separated case suites")
+    ap.add_argument("--backend", default=None, help="cuda or hip (default: first that works)")
+    ap.add_argument("-k", dest="match", action="append", metavar="SUBSTRING",
+                    help="only cases whose name contains SUBSTRING (repeatable)")
+    ap.add_argument("--cache", default="tight", choices=("tight", "padded", "both"),
+                    help="KV cache layout for --sanitize-target (default: tight)")
+    ap.add_argument("--all-configs", action="store_true",
+                    help="--sanitize-target: also run every autotune candidate config")
+    ap.add_argument("--judge", action="store_true",
+                    help="--sanitize-target: also compare with the fp64 reference")
+    ap.add_argument("--fuzz-n", type=int, default=500, help="--run: fuzz examples (default 500)")
+    ap.add_argument("--seed", type=int, default=0, help="--run: fuzz seed")
+    ap.add_argument("--fuzz-max-cost", type=int, default=DEFAULT_MAX_COST,
+                    help=f"--run: reference cost cap per example (default {DEFAULT_MAX_COST})")
+    ap.add_argument("--sanitizer-logs", nargs="*", default=(), metavar="LOG",
+                    help="--run: parsed compute-sanitizer logs to include in the record")
+    ap.add_argument("--out", default=None, help="--run: directory for reliability-h200.json")
+    args = ap.parse_args(argv)
+    suites = [s for s in args.suites.split(",") if s]
+
+    if args.print_sanitizer_script:
+        sys.stdout.write(sanitizer_script(suites))
+        return 0
+    if args.parse_sanitizer:
+        parsed = {path: parse_sanitizer_summary(open(path, errors="replace").read())
+                  for path in args.parse_sanitizer}
+        print(json.dumps(parsed, indent=2))
+        return 0 if all(p["ok"] for p in parsed.values()) else 1
+    if args.sanitize_target:
+        return sanitize_target(suites, backend=args.backend, match=args.match, cache=args.cache,
+                               all_configs=args.all_configs, judge=args.judge)
+
+    from hipkernel import record
+    from hipkernel.backends import get_backend
+
+    be = get_backend(args.backend)
+    cases = load_suites(suites)
+    if args.match:
+        cases = [c for c in cases if any(s in c.name for s in args.match)]
+    det = determinism(be, cases)
+    print(f"determinism: {det['n_identical']}/{det['n_run']} identical, ok={det['ok']}", flush=True)
+
+    def progress(i, n, row):
+        if not row["passed"] or (i + 1) % 50 == 0:
+            print(f"  fuzz [{i + 1}/{n}] {'pass' if row['passed'] else 'FAIL'} {row['describe']}: "
+                  f"{row['summary']}", flush=True)
+
+    fz = fuzz(be, args.fuzz_n, args.seed, max_cost=args.fuzz_max_cost, progress=progress)
+    print(f"fuzz: {fz['passed']}/{fz['n']} passed in {fz['wall_s']:.1f} s", flush=True)
+    san = {os.path.basename(p): parse_sanitizer_summary(open(p, errors="replace").read())
+           for p in args.sanitizer_logs} or None
+    body, ok = record_body(be, determinism=det, fuzz=fz, sanitizer=san)
+    rec = record.stamp("reliability", be.device_name, body, ok)
+    text = json.dumps(rec, indent=2, allow_nan=False) + "\n"
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        path = os.path.join(args.out, "reliability-h200.json")
+        with open(path, "w") as f:
+            f.write(text)
+        print(f"wrote {path}: ok={ok}", flush=True)
+    else:
+        sys.stdout.write(text)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,278 @@
+"""GPU check of the tensor-core (mma) path: the case matrix with the mma path forced, the
+mutant kill matrix on it, and device times of scalar vs mma configs at the gpt-oss geometry.
+
+    HIPKERNEL_CACHE_DIR=build/hkcache PYTHONPATH=. python3 scripts/mma_check.py \
+        [--out DIR] [--sections matrix,sweep,mutants,time,records] [--no-prewarm]
+
+Every kernel the sections launch is compiled first, in parallel processes, into the disk
+cache (``records`` only does that for what ``hipkernel.gpu_session`` compiles).
+
+``matrix``: seed + extended suites, each case run with path "mma" at MMA_DEFAULT's tiles (a
+case's own m_tiles / bkv win, so its clamp geometry is kept), then with every other mma
+candidate forced; per-case relL2 against the derived gate. ``mutants``: the kill matrix
+with the mma path forced (its clean run replaces the matrix's first pass). ``sweep``:
+kernel-only times (20 back-to-back launches between two events, no host synchronization)
+of the scalar m4_b32 / m4_b64 and every mma candidate at 512@8192 (d=64 gpt-oss full and
+window 128, 512@512 window 128, d=128 Hq=32 full). ``time``: the same through
+``Resident.time_ms`` (one synchronized API call per sample: includes host overhead).
+FLOPs = 4 d Hq B sum_rows(visible keys) (hipkernel.timing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from hipkernel import api
+from hipkernel.adapter import HipKernel
+from hipkernel.config import CANDIDATES, MMA_CANDIDATES, MMA_DEFAULT, KernelConfig
+
+
+_SECTIONS: list[str] = []
+
+
+class ForcedKernel(HipKernel):
+    """hipkernel on CUDA with ``cfg`` forced (the case's own m_tiles / bkv win if
+    ``respect_case``)."""
+
+    def __init__(self, cfg: KernelConfig, respect_case: bool = True, mutants=frozenset()):
+        super().__init__("cuda", mutants)
+        self.cfg, self.respect_case = cfg, respect_case
+        self.name = f"hipkernel:{cfg.name}" + (f"+{'+'.join(sorted(mutants))}" if mutants else "")
+
+    def run(self, inputs):
+        c = {"m_tiles": self.cfg.m_tiles, "bkv": self.cfg.bkv}
+        if self.respect_case and inputs.config:
+            c.update(inputs.config)
+        c["path"] = self.cfg.path
+        status, out = api.attention(inputs.q, inputs.k, inputs.v, out=inputs.out, config=c,
+                                    backend=self._backend or "cuda", mutants=self.mutants,
+                                    **self._kw(inputs))
+        return status, inputs.out if out is None else out
+
+
+def _line(r) -> str:
+    rel = "-" if r.rel_l2 is None else f"{r.rel_l2:.3e}"
+    gate = "-" if r.gate is None else f"{r.gate:.3e}"
+    mx = "-" if r.max_abs is None else f"{r.max_abs:.3e}"
+    return f"{r.outcome:<10} {r.case:<42} relL2 {rel} (gate {gate}) maxabs {mx}"
+
+
+def section_matrix(out: Path) -> dict:
+    from refattn.cases import load_suites
+    from refattn.runner import run_matrix
+
+    cases = load_suites(["seed", "extended"])
+    doc = {}
+    for i, cfg in enumerate(MMA_CANDIDATES):
+        if i == 0 and "mutants" in _SECTIONS:
+            continue  # the kill matrix's clean run is this pass
+        t0 = time.perf_counter()
+        m = run_matrix(ForcedKernel(cfg, respect_case=(i == 0)), cases)
+        bad = [r for r in m.results if r.outcome not in ("pass", "declined")]
+        print(f"== matrix {cfg.name}{' (case configs kept)' if i == 0 else ' (forced)'}: "
+              f"{m.counts()} in {time.perf_counter() - t0:.1f} s", flush=True)
+        for r in (m.results if i == 0 or len(cases) < 10 else bad):
+            print("  " + _line(r), flush=True)
+            if r.outcome not in ("pass", "declined"):
+                print("    " + r.failure_message().replace("\n", "\n    ")[:1500], flush=True)
+        doc[cfg.name] = m.to_json()
+    return doc
+
+
+def section_time(out: Path) -> list:
+    from hipkernel.backends import get_backend
+    from hipkernel.timing import Resident, flops
+
+    be = get_backend("cuda")
+    rows = []
+    for past, window in ((8192, -1), (8192, 128), (512, 128)):
+        r = Resident(be, B=1, Sq=512, Hq=64, Hkv=8, d=64, past_len=past)
+        try:
+            f = flops(1, 512, 64, 64, past, window)
+            for cfg in CANDIDATES + MMA_CANDIDATES:
+                if cfg.path == "scalar" and cfg.name not in ("m4_b32", "m2_b32"):
+                    continue
+                ms = r.time_ms(window=window, config=cfg, warmup=10, reps=30)
+                rows.append({"past_len": past, "window": window, "config": cfg.name, "ms": ms,
+                             "tflops": f / ms / 1e9})
+                print(f"  512@{past} w{window:<4} {cfg.name:<12} {ms:8.4f} ms  "
+                      f"{f / ms / 1e9:7.1f} TF/s", flush=True)
+        finally:
+            r.free()
+    return rows
+
+
+# MIN_BLOCKS values of the sweep: None is the kernel's own choice; 0 ptxas' heuristic.
+# Extend it (e.g. (None, 0, 1, 2, 3, 4)) to re-derive the kernel's MIN_BLOCKS choice.
+_SWEEP_MB = (None,)
+_SWEEP_GEOMS = ((64, 64, 8192, -1), (64, 64, 8192, 128), (64, 64, 512, 128),
+                (128, 32, 8192, -1))  # d, Hq, past_len, W
+
+
+def _sweep_jobs():
+    for d in (64, 128):
+        for c in MMA_CANDIDATES:
+            for mb in _SWEEP_MB:
+                if mb is None or 65536 // (c.threads * max(mb, 1)) >= (96 if d == 64 else 168):
+                    yield d, c, mb
+
+
+def raw_ms(be, r, kern, cfg, window, sink_mode=1, n=20) -> float:
+    """Device time of one launch, from n back-to-back launches between two events (no host
+    synchronization in between, so launch overhead hides behind the kernels)."""
+    import ctypes
+
+    g, p = r.geom, r.ptr
+    args = [(ctypes.c_void_p, p["q"]), (ctypes.c_void_p, p["k"]), (ctypes.c_void_p, p["v"]),
+            (ctypes.c_void_p, p["sink"]), (ctypes.c_void_p, p["out"]),
+            (ctypes.c_int32, g["Sq"]), (ctypes.c_int32, g["Hq"]), (ctypes.c_int32, g["Hkv"]),
+            (ctypes.c_int32, g["S_cap"]), (ctypes.c_int32, g["past_len"]),
+            (ctypes.c_int32, window), (ctypes.c_int32, sink_mode),
+            (ctypes.c_float, g["d"] ** -0.5)]
+    grid, block = cfg.grid(g["Sq"], g["Hq"], g["B"]), (cfg.threads, 1, 1)
+
+    def burst():
+        for _ in range(n):
+            be.launch(kern, grid, block, args)
+
+    times = be.time_ms(burst, warmup=2, reps=5)
+    return sorted(times)[len(times) // 2] / n
+
+
+def section_sweep(out: Path) -> list:
+    """Kernel-only times (back-to-back launches) of every mma config x MIN_BLOCKS, and of
+    the scalar m4_b32, at 512@8192 (d=64 gpt-oss full and w128; d=128 Hq=32 full)."""
+    from hipkernel.backends import get_backend
+    from hipkernel.timing import Resident, flops
+
+    be = get_backend("cuda")
+    rows = []
+    for d, Hq, past, window in _SWEEP_GEOMS:
+        r = Resident(be, B=1, Sq=512, Hq=Hq, Hkv=8, d=d, past_len=past)
+        f = flops(1, 512, Hq, d, past, window)
+        try:
+            variants = [(KernelConfig(4, 32), None), (KernelConfig(4, 64), None)] + [
+                (c, mb) for dd, c, mb in _sweep_jobs() if dd == d]
+            for cfg, mb in variants:
+                defines = dict(api.kernel_defines(d, cfg))
+                if mb is not None:
+                    defines["MIN_BLOCKS"] = mb
+                kern = be.compile(api.kernel_source(cfg.path), defines, api.KERNEL_NAME)
+                ms = raw_ms(be, r, kern, cfg, window)
+                info = kern.info
+                rows.append({"d": d, "Hq": Hq, "past_len": past, "window": window,
+                             "config": cfg.name, "min_blocks": mb, "ms": ms, "tflops": f / ms / 1e9,
+                             "regs": info.regs, "spills": info.spills})
+                print(f"  d{d} 512@{past} w{window:<4} {cfg.name:<11} mb {mb!s:<4} {ms:8.4f} ms "
+                      f"{f / ms / 1e9:6.1f} TF/s  regs {info.regs} spills {info.spills}", flush=True)
+        finally:
+            r.free()
+    return rows
+
+
+def section_mutants(out: Path) -> dict:
+    from refattn.cases import load_suites
+    from refattn.killmatrix import format_grid, run_kill_matrix
+
+    km = run_kill_matrix(lambda mutants: ForcedKernel(MMA_DEFAULT, mutants=mutants),
+                         load_suites(["seed", "extended"]))
+    print(format_grid(km), flush=True)
+    print(f"== mutants (mma): ok={km.ok} clean_ok={km.clean_ok} "
+          f"survivors={[m.name for m in km.mutants if not m.killed]}", flush=True)
+    return km.to_json()
+
+
+def _compile_one(job) -> str:
+    path, d, m_tiles, bkv, mutants, mb = job
+    from hipkernel.backends import get_backend
+
+    be = get_backend("cuda")
+    cfg = KernelConfig(m_tiles, bkv, path)
+    t0 = time.perf_counter()
+    defines = dict(api.kernel_defines(d, cfg, mutants))
+    if mb is not None:
+        defines["MIN_BLOCKS"] = mb
+    k = be.compile(api.kernel_source(path), defines, api.KERNEL_NAME)
+    info = k.info
+    return (f"{cfg.name} d={d} mb={mb} {'+'.join(sorted(mutants)) or '-'}: regs {info.regs} spills "
+            f"{info.spills} smem {info.smem} ({time.perf_counter() - t0:.1f} s)")
+
+
+def prewarm(sections) -> None:
+    """Compile every kernel the sections launch, in parallel processes, into the disk cache
+    (``$HIPKERNEL_CACHE_DIR``), so the sections themselves only load binaries."""
+    import multiprocessing
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    from refattn.mutants import MUTANTS
+
+    tiles = {(c.m_tiles, c.bkv) for c in MMA_CANDIDATES} | {(1, 32), (4, 32), (4, 64)}
+    jobs = set()
+    none = frozenset()
+    if "matrix" in sections:
+        jobs |= {("mma", d, m, b, none, None) for d in (64, 128) for m, b in tiles}
+    if "time" in sections:
+        jobs |= {("scalar", 64, m, 32, none, None) for m in (2, 4)}
+        jobs |= {("mma", 64, c.m_tiles, c.bkv, none, None) for c in MMA_CANDIDATES}
+    if "sweep" in sections:
+        jobs |= {("scalar", d, 4, b, none, None) for d in (64, 128) for b in (32, 64)}
+        jobs |= {("mma", d, c.m_tiles, c.bkv, none, mb) for d, c, mb in _sweep_jobs()}
+    if "mutants" in sections:
+        jobs |= {("mma", d, m, b, frozenset({mu.name}), None) for d in (64, 128)
+                 for m, b in ((4, 64), (4, 32), (1, 32)) for mu in MUTANTS}
+        jobs |= {("mma", d, m, b, none, None) for d in (64, 128) for m, b in tiles}
+    if "records" in sections:  # what hipkernel.gpu_session compiles: every candidate, and
+        # the mutants at the default config (HIPKERNEL_TUNE=0) and at the cases' own configs
+        from hipkernel.config import candidates, default_config
+
+        d0 = default_config("sm_90")
+        jobs |= {(c.path, d, c.m_tiles, c.bkv, none, None) for c in candidates("sm_90")
+                 for d in (64, 128)}
+        jobs |= {(d0.path, d, d0.m_tiles, d0.bkv, frozenset({mu.name}), None) for d in (64, 128)
+                 for mu in MUTANTS}
+        jobs |= {("scalar", 64, m, b, mut, None) for m, b in ((1, 32), (4, 32), (4, 64))
+                 for mut in [none] + [frozenset({mu.name}) for mu in MUTANTS]}
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1),
+                             mp_context=multiprocessing.get_context("spawn")) as pool:
+        for line in pool.map(_compile_one, sorted(jobs, key=str)):
+            print("  compiled " + line, flush=True)
+    print(f"== prewarm: {len(jobs)} kernels in {time.perf_counter() - t0:.1f} s", flush=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--sections", default="matrix,time")
+    ap.add_argument("--no-prewarm", action="store_true")
+    args = ap.parse_args(argv)
+    _SECTIONS.extend(args.sections.split(","))
+    if not args.no_prewarm:
+        prewarm(args.sections.split(","))
+    doc = {}
+    for name in args.sections.split(","):
+        t0 = time.perf_counter()
+        print(f"== {name}", flush=True)
+        fn = {"matrix": section_matrix, "time": section_time, "mutants": section_mutants,
+              "sweep": section_sweep, "records": lambda out: None}[name]
+        try:
+            doc[name] = fn(args.out)
+        except Exception:  # noqa: BLE001 - report and go on
+            import traceback
+
+            traceback.print_exc()
+            doc[name] = "error"
+        print(f"== {name} done in {time.perf_counter() - t0:.1f} s", flush=True)
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "mma_check.json").write_text(json.dumps(doc, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
