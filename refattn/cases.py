@@ -70,6 +70,7 @@ DTYPES = ("fp16", "bf16", "fp32")
 SEED_CONTRACTS = ("decline",)
 CONFIG_KEYS = ("m_tiles", "bkv")
 BKV_VALUES = (32, 64)  # the kernel ABI compiles BKV in {32, 64} (docs/ARCHITECTURE.md)
+M_TILES_VALUES = (1, 2, 4, 8)  # 16-row groups per block the kernels are built for
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
 REQUIRED = ("name", "Hq", "Hkv", "d", "sq", "why")
 
@@ -182,6 +183,8 @@ class Case:
                     bad(f"config.{k}", f"unknown key (known: {', '.join(CONFIG_KEYS)})")
                 if not _is_int(x) or x < 1:
                     bad(f"config.{k}", f"expected an integer >= 1, got {x!r}")
+            if "m_tiles" in self.config and self.config["m_tiles"] not in M_TILES_VALUES:
+                bad("config.m_tiles", f"expected one of {M_TILES_VALUES}, got {self.config['m_tiles']}")
             if "bkv" in self.config and self.config["bkv"] not in BKV_VALUES:
                 bad("config.bkv", f"expected one of {BKV_VALUES}, got {self.config['bkv']}")
             object.__setattr__(self, "config", dict(self.config))  # a private copy
