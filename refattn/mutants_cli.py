@@ -69,7 +69,8 @@ def run(args) -> int:
     survivors = [m.name for m in km.mutants if not m.killed and m.must_kill]
     equivalent = [m.name for m in km.mutants if not m.killed and not m.must_kill]
     seed_blind = [m.name for m in km.mutants if m.killed and not m.killed_by_seed_gate]
-    out.print(f"{'OK' if km.ok else 'FAILED'}: {len(km.mutants) - len(survivors)}/{len(km.mutants)} "
+    n_killed = sum(m.killed for m in km.mutants)
+    out.print(f"{'OK' if km.ok else 'FAILED'}: {n_killed}/{len(km.mutants)} "
               f"mutants killed over {len(cases)} cases; clean kernel "
               f"{'passes' if km.clean_ok else 'fails'}"
               + (f"; surviving: {', '.join(survivors)}" if survivors else "")
