@@ -44,8 +44,8 @@ from refattn.mutants import MUTANTS
 from refattn.oracle import attention_mp
 from refattn.reference import attention, attention_with_baseline
 from tests.fake_backend import RecordingBackend
+from tests.oracle_gate import assert_matches_oracle
 
-FP64_GATE = 1e-12
 FUZZ_EXAMPLES = int(os.environ.get("REFATTN_FUZZ_EXAMPLES", "50"))
 
 
@@ -167,23 +167,6 @@ def tiny_calls(draw) -> Call:
                 softcap=draw(st.sampled_from([0.0, 0.0, 0.7, 5.0])),
                 scale=draw(st.sampled_from([None, None, 0.3, 2.0])),
                 amp=draw(st.sampled_from([0.1, 1.0, 3.0])), seed=draw(st.integers(0, 2**32 - 1)))
-
-
-def assert_matches_oracle(actual, expected):
-    """fp64 gate: relL2 <= 1e-12, or max-abs <= 1e-12 where the oracle's output is ~0."""
-    __tracebackhide__ = True
-    assert actual.shape == expected.shape and actual.dtype == np.float64
-    bad = ~np.isfinite(actual)
-    assert not bad.any(), f"{int(bad.sum())} non-finite outputs, first at (b, row, h, col) = {np.argwhere(bad)[0]}"
-    diff = np.abs(actual - expected)
-    err = float(np.linalg.norm(diff))
-    if err <= FP64_GATE * float(np.linalg.norm(expected)) or diff.max() <= FP64_GATE:
-        return
-    at = np.unravel_index(int(np.argmax(diff)), diff.shape)
-    b, i, h, c = (int(x) for x in at)
-    pytest.fail(f"relL2 {err / max(float(np.linalg.norm(expected)), 1e-300):.3e} > {FP64_GATE:g} and "
-                f"max-abs {diff.max():.3e} > {FP64_GATE:g}; worst at (b, h, row, col) = ({b}, {h}, {i}, {c}): "
-                f"reference {actual[at]!r}, oracle {expected[at]!r}")
 
 
 @settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
