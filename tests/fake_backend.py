@@ -58,10 +58,14 @@ class RecordingBackend:
         self.calls.append(("synchronize",))
 
     def time_ms(self, fn, warmup=1, reps=3):
+        """Each sample is the test's time for the launched config times the number of
+        launches ``fn`` makes (a burst of n launches takes n times one)."""
         self._timing = True
+        before = len(self.launches)
         try:
             fn()
         finally:
             self._timing = False
+        n = len(self.launches) - before
         cfg = self.launches[-1]["kernel"]
-        return [self.times.get((cfg["M_TILES"], cfg["BKV"]), 1.0)] * reps
+        return [n * self.times.get((cfg["M_TILES"], cfg["BKV"]), 1.0)] * reps

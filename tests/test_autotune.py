@@ -35,7 +35,10 @@ def test_chunked_16k_prefill_sweeps_once():
     assert TUNER.sweeps == 1
     tuning = [l for l in be.launches if l["tuning"]]
     real = [l for l in be.launches if not l["tuning"]]
-    assert len(tuning) == len(CANDIDATES)
+    # per candidate: one probe launch, then one burst sized from the probe's time
+    per_cfg = {c: sum(1 for l in tuning if (l["kernel"]["M_TILES"], l["kernel"]["BKV"]) == (c.m_tiles, c.bkv))
+               for c in CANDIDATES}
+    assert per_cfg == {c: 1 + api.tune_burst_length(0.5 if c == fastest else 2.0) for c in CANDIDATES}
     assert len(real) == 32
     assert all(l["kernel"]["M_TILES"] == fastest.m_tiles and l["kernel"]["BKV"] == fastest.bkv for l in real)
 
@@ -110,13 +113,18 @@ def test_sweep_covers_the_targets_candidates():
     be.compile = lambda src, defines, name: (sources.append("mma" if src == mma_src else "scalar"),
                                              compile_(src, defines, name))[1]
     prefill_chunk(be, 512)
-    tuning = [l for l in be.launches if l["tuning"]]
-    assert len(tuning) == len(candidates("sm_90")) == len(CANDIDATES) + len(MMA_CANDIDATES)
-    assert sources[:len(tuning)].count("mma") == len(MMA_CANDIDATES)
+    n_cands = len(candidates("sm_90"))
+    assert n_cands == len(CANDIDATES) + len(MMA_CANDIDATES)
+    assert len(sources) == n_cands + 1  # one compile per candidate, then the chosen one's
+    assert sources[:n_cands].count("mma") == len(MMA_CANDIDATES)
     assert TUNER.choices()[0]["config"] in {c.name for c in candidates("sm_90")}
     amd = RecordingBackend(arch="gfx1151")
+    amd_sources = []
+    amd_compile = amd.compile
+    amd.compile = lambda src, defines, name: (amd_sources.append(src == mma_src),
+                                              amd_compile(src, defines, name))[1]
     prefill_chunk(amd, 512)
-    assert sum(l["tuning"] for l in amd.launches) == len(CANDIDATES)
+    assert len(amd_sources) == len(CANDIDATES) + 1 and not any(amd_sources)
 
 
 def test_tune_disabled_uses_the_targets_default(monkeypatch):
@@ -143,3 +151,41 @@ def test_choose_takes_candidates_per_call():
     assert t.choose(("y",), lambda c: 1.0, candidates=(a,)) == a
     with pytest.raises(ValueError, match="^candidates"):
         t.choose(("z",), lambda c: 1.0, candidates=())
+
+
+class LaunchLatencyBackend(RecordingBackend):
+    """A timed sample costs ``latency`` (the host's cost of the first launch, seen by the
+    events because the GPU is idle) plus n launches of the config's kernel time. The latency
+    differs per config, as host jitter does between candidates."""
+
+    def __init__(self, kernel_ms, latency_ms):
+        super().__init__(times=kernel_ms)
+        self.latency_ms = latency_ms
+
+    def time_ms(self, fn, warmup=1, reps=3):
+        before = len(self.launches)
+        [t] = set(super().time_ms(fn, warmup=warmup, reps=1))
+        cfg = self.launches[-1]["kernel"]
+        return [t + self.latency_ms[(cfg["M_TILES"], cfg["BKV"])]] * reps
+
+
+def test_burst_timing_amortises_launch_latency():
+    """One event pair around one launch would pick the slower kernel here (0.2 + 0.025 ms >
+    0 + 0.08 ms); bursts amortise the latency and pick the faster one."""
+    fast, slow = CANDIDATES[0], CANDIDATES[1]
+    kernel = {(fast.m_tiles, fast.bkv): 0.025, (slow.m_tiles, slow.bkv): 0.08}
+    latency = {(fast.m_tiles, fast.bkv): 0.2, (slow.m_tiles, slow.bkv): 0.0}
+    be = LaunchLatencyBackend(kernel, latency)
+    single = {c: be.time_ms(lambda c=c: be.launch({"M_TILES": c.m_tiles, "BKV": c.bkv}, 1, 1, []))[0]
+              for c in (fast, slow)}
+    assert single[fast] > single[slow]  # the naive timer's verdict: wrong
+    times = {c: api.tune_times_ms(be, lambda c=c: be.launch({"M_TILES": c.m_tiles, "BKV": c.bkv}, 1, 1, []))
+             for c in (fast, slow)}
+    assert max(times[fast]) < min(times[slow])
+    assert times[slow] == pytest.approx([0.08] * api.TUNE_SAMPLES)
+
+
+@pytest.mark.parametrize("probe, n", [(0.001, 32), (0.025, 32), (0.05, 20), (0.3, 4), (1.0, 1),
+                                      (9.0, 1), (0.0, 32), (float("nan"), 32)])
+def test_burst_length(probe, n):
+    assert api.tune_burst_length(probe) == n

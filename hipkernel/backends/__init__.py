@@ -220,6 +220,7 @@ class KernelArgs:
 
     def __init__(self, args: Iterable[tuple]):
         self.values = []
+        self.pairs: list[tuple] = []  # the declared (ctype, value) pairs, as given
         for i, item in enumerate(args):
             try:
                 ctype, value = item
@@ -227,12 +228,18 @@ class KernelArgs:
                 raise TypeError(
                     f"args[{i}]: expected a (ctype, value) pair, got {item!r}") from None
             self.values.append(_pack(i, ctype, value))
+            self.pairs.append((ctype, value))
         n = len(self.values)
         self._ptrs = (ctypes.c_void_p * max(n, 1))(*[ctypes.addressof(v) for v in self.values])
         self.address = ctypes.addressof(self._ptrs) if n else 0
 
     def __len__(self) -> int:
         return len(self.values)
+
+    def __iter__(self):
+        """The declared ``(ctype, value)`` pairs, so a packed list can stand wherever the
+        plain list is accepted."""
+        return iter(self.pairs)
 
 
 # --------------------------------------------------------------------------- device objects
