@@ -117,12 +117,13 @@ def _check_config(config) -> KernelConfig | None:
     if config is None or isinstance(config, KernelConfig):
         return config
     if isinstance(config, dict):
-        unknown = set(config) - {"m_tiles", "bkv", "path"}
+        unknown = set(config) - {"m_tiles", "bkv", "path", "warp_m"}
         if unknown:
-            raise ValueError(f"config: unknown keys {sorted(unknown)} (known: m_tiles, bkv, path)")
+            raise ValueError(f"config: unknown keys {sorted(unknown)} (known: m_tiles, bkv, path, "
+                             f"warp_m)")
         try:
             return KernelConfig(config.get("m_tiles", DEFAULT.m_tiles), config.get("bkv", DEFAULT.bkv),
-                                config.get("path", DEFAULT.path))
+                                config.get("path", DEFAULT.path), config.get("warp_m", DEFAULT.warp_m))
         except ValueError as e:
             raise ValueError(f"config: {e}") from None
     raise ValueError(f"config: expected a KernelConfig, a dict or None, got {config!r}")
@@ -213,7 +214,7 @@ def flash_prefill_v3(backend, q, k, v, sink, out, *, B: int, Sq: int, Hq: int, H
         # Tuning launches omit the sink: one FMA per row cannot reorder the candidates, and
         # leaving it out keeps tuned configs comparable with the no-sink case.
         config = TUNER.choose(key, lambda cfg: tune_times_ms(backend, prepare(cfg, 0)),
-                              candidates=candidates(backend.arch),
+                              candidates=candidates(backend.arch, d),
                               default=default_config(backend.arch))
     prepare(config, _SINK_MODES[sink_mode])()
     backend.synchronize()

@@ -8,8 +8,9 @@ compiles the kernel (as ``hipkernel.api`` compiles it: headers inlined, the same
 macros) for every target x head dim (``config.HEAD_DIMS``) x tile config and prints
 registers, spills and shared memory per compile. The scalar path
 (``kernels/gqa_flash_prefill.hip``, ``config.CANDIDATES``) is checked on every target; the
-tensor-core path (``kernels/gqa_flash_prefill_mma.hip``, ``config.MMA_CANDIDATES``, names
-``mma_m4_b64`` ...) only on NVIDIA sm_80+ targets, the only ones it is written for:
+tensor-core path (``kernels/gqa_flash_prefill_mma.hip``, ``config.MMA_CANDIDATES`` and, at
+d = 64, ``config.MMA_WIDE_CANDIDATES``; names ``mma_m4_b64``, ``mma_m8_b64_w2`` ...) only on
+NVIDIA sm_80+ targets, the only ones it is written for:
 
     ==========  =========================================  ===================================
     target      compiler                                   resource report read from
@@ -296,15 +297,18 @@ def kernel_variants(mutants: bool = False) -> list[Variant]:
     ``mutants``, also each path's default config with each mutant macro (so every ``#ifdef``
     branch of both files compiles)."""
     from hipkernel import api
-    from hipkernel.config import CANDIDATES, DEFAULT, HEAD_DIMS, MMA_CANDIDATES, MMA_DEFAULT
+    from hipkernel.config import (DEFAULT, HEAD_DIMS, MMA_DEFAULT, MMA_WIDE_CANDIDATES,
+                                  WIDE_HEAD_DIMS, compiled_variants)
 
     out = [Variant(d, cfg.name, api.kernel_defines(d, cfg), cfg.path)
-           for d in HEAD_DIMS for cfg in CANDIDATES + MMA_CANDIDATES]
+           for d, cfg in compiled_variants()]
     if mutants:
         from refattn.mutants import MUTANTS
 
+        defaults = [(cfg, d) for cfg in (DEFAULT, MMA_DEFAULT) for d in HEAD_DIMS]
+        defaults += [(MMA_WIDE_CANDIDATES[0], d) for d in WIDE_HEAD_DIMS]
         out += [Variant(d, f"{cfg.name}+{m.name}", api.kernel_defines(d, cfg, {m.name}), cfg.path)
-                for cfg in (DEFAULT, MMA_DEFAULT) for d in HEAD_DIMS for m in MUTANTS]
+                for cfg, d in defaults for m in MUTANTS]
     return out
 
 

@@ -1,13 +1,14 @@
 """Compile-time configurations of the fused kernel and the launch geometry they imply.
 
-One kernel binary per (path, HEAD_DIM, M_TILES, BKV) (docs/ARCHITECTURE.md, "Kernel ABI"):
+One kernel binary per (path, HEAD_DIM, M_TILES, BKV, WARP_M) (docs/ARCHITECTURE.md, "Kernel ABI"):
 
     path    = "scalar"         kernels/gqa_flash_prefill.hip: fp32 FMAs, every GPU (AMD, NVIDIA)
               "mma"            kernels/gqa_flash_prefill_mma.hip: tensor cores (mma.sync
                                m16n8k16), NVIDIA sm_80 and newer only
     BM      = 16 * M_TILES     query rows per block (one Q tile of one head)
     threads = 32 * M_TILES     scalar: each query row is owned by a pair of adjacent lanes;
-                               mma: each warp owns 16 rows
+              / WARP_M         mma: each warp owns 16 * WARP_M rows (WARP_M = 1 or 2; with 2
+                               every K/V fragment read from shared memory feeds two MMAs)
     grid    = (ceil(Sq / BM), Hq, B)
     BKV                        keys per KV tile, staged in static shared memory
 
@@ -30,6 +31,7 @@ SMEM_LIMIT = 48 * 1024
 
 _M_TILES = (1, 2, 4, 8)  # 32..256 threads a block
 _BKV = (16, 32, 64, 128)  # the kernel needs a power of two
+_WARP_M = (1, 2)  # 16-row groups per warp (mma path)
 PATHS = ("scalar", "mma")
 MMA_MIN_SM = 80  # mma.sync m16n8k16 f16 with fp32 accumulators, ldmatrix, cp.async
 
@@ -43,17 +45,26 @@ def _check_int(name: str, x, allowed) -> int:
 @dataclass(frozen=True)
 class KernelConfig:
     """A tile configuration: ``m_tiles`` groups of 16 query rows per block, ``bkv`` keys per
-    KV tile, and the kernel ``path`` ("scalar" or "mma") that runs it."""
+    KV tile, the kernel ``path`` ("scalar" or "mma") that runs it, and (mma only) ``warp_m``
+    groups of 16 rows per warp. ``warp_m`` changes only which warp computes a row, not the
+    arithmetic: the model (and so every result) depends on ``m_tiles``, ``bkv`` and ``path``."""
 
     m_tiles: int
     bkv: int
     path: str = "scalar"
+    warp_m: int = 1
 
     def __post_init__(self):
         _check_int("m_tiles", self.m_tiles, _M_TILES)
         _check_int("bkv", self.bkv, _BKV)
         if self.path not in PATHS:
             raise ValueError(f"path: expected one of {PATHS}, got {self.path!r}")
+        _check_int("warp_m", self.warp_m, _WARP_M)
+        if self.warp_m != 1 and self.path != "mma":
+            raise ValueError(f"warp_m: {self.warp_m} row groups a warp needs path 'mma' (the "
+                             f"scalar path gives each row a lane pair), got path {self.path!r}")
+        if self.m_tiles % self.warp_m:
+            raise ValueError(f"warp_m: {self.warp_m} does not divide m_tiles={self.m_tiles}")
 
     @property
     def block_rows(self) -> int:
@@ -62,14 +73,16 @@ class KernelConfig:
 
     @property
     def threads(self) -> int:
-        """Threads per block: two lanes per query row."""
-        return 32 * self.m_tiles
+        """Threads per block: scalar, two lanes per query row; mma, a warp per 16 * warp_m rows."""
+        return 32 * self.m_tiles // self.warp_m
 
     @property
     def name(self) -> str:
-        """Short id, e.g. ``m4_b64`` (scalar) or ``mma_m4_b64``."""
+        """Short id, e.g. ``m4_b64`` (scalar), ``mma_m4_b64``, ``mma_m8_b64_w2`` (warp_m 2)."""
         base = f"m{self.m_tiles}_b{self.bkv}"
-        return base if self.path == "scalar" else f"{self.path}_{base}"
+        if self.path != "scalar":
+            base = f"{self.path}_{base}"
+        return base if self.warp_m == 1 else f"{base}_w{self.warp_m}"
 
     def grid(self, Sq: int, Hq: int, B: int) -> tuple[int, int, int]:
         """Launch grid ``(ceil(Sq / BM), Hq, B)``."""
@@ -106,7 +119,10 @@ class KernelConfig:
                 f"bkv: {self.bkv} keys at d={d} need {self.smem_bytes(d)} bytes of static shared "
                 f"memory, over the {SMEM_LIMIT} byte limit"
             )
-        return {"HEAD_DIM": d, "M_TILES": self.m_tiles, "BKV": self.bkv}
+        defines = {"HEAD_DIM": d, "M_TILES": self.m_tiles, "BKV": self.bkv}
+        if self.warp_m != 1:
+            defines["WARP_M"] = self.warp_m
+        return defines
 
 
 # The autotune candidates: configs that compile without register spills for every head dim
@@ -117,6 +133,11 @@ CANDIDATES = tuple(KernelConfig(m, b) for m in (1, 2, 4) for b in (32, 64))
 # mma: one warp per 16 rows; m2_b64 is left out (it spills at d=128 and was the slowest at
 # d=64 on the H200).
 MMA_CANDIDATES = tuple(KernelConfig(m, b, "mma") for m, b in ((4, 64), (4, 32), (8, 64)))
+# mma with 32 rows a warp (warp_m = 2): twice the accumulators, so only at d = 64, where
+# ptxas (sm_90) fits them in 246 / 202 / 246 registers without spilling; at d = 128 every one
+# spills. They run correctly at d = 128 when asked for explicitly; the tuner does not offer them.
+MMA_WIDE_CANDIDATES = tuple(KernelConfig(m, b, "mma", 2) for m, b in ((8, 64), (8, 32), (4, 64)))
+WIDE_HEAD_DIMS = (64,)
 
 DEFAULT = KernelConfig(4, 64)
 MMA_DEFAULT = MMA_CANDIDATES[0]
@@ -141,7 +162,19 @@ def default_config(arch: str) -> KernelConfig:
     return MMA_DEFAULT if has_mma(arch) else DEFAULT
 
 
-def candidates(arch: str) -> tuple[KernelConfig, ...]:
-    """The autotune candidates on target ``arch``: the scalar configs everywhere, plus the
-    mma configs on NVIDIA sm_80+ (AMD has no MMA implementation yet)."""
-    return CANDIDATES + MMA_CANDIDATES if has_mma(arch) else CANDIDATES
+def candidates(arch: str, d: int | None = None) -> tuple[KernelConfig, ...]:
+    """The autotune candidates on target ``arch`` at head dim ``d``: the scalar configs
+    everywhere, plus the mma configs on NVIDIA sm_80+ (AMD has no MMA implementation yet),
+    plus the 32-rows-a-warp mma configs where ``d`` is in ``WIDE_HEAD_DIMS``. ``d=None``:
+    every config the target can run (for fuzzing and sanitizer sweeps)."""
+    if not has_mma(arch):
+        return CANDIDATES
+    wide = MMA_WIDE_CANDIDATES if d is None or d in WIDE_HEAD_DIMS else ()
+    return CANDIDATES + MMA_CANDIDATES + wide
+
+
+def compiled_variants() -> list[tuple[int, KernelConfig]]:
+    """Every (head dim, config) the tuner may launch somewhere: what the offline build check
+    compiles and requires free of spills."""
+    return [(d, cfg) for d in HEAD_DIMS
+            for cfg in CANDIDATES + MMA_CANDIDATES + (MMA_WIDE_CANDIDATES if d in WIDE_HEAD_DIMS else ())]

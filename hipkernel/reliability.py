@@ -46,8 +46,8 @@ import numpy as np
 
 from hipkernel import api
 from hipkernel.autotune import tune_key
-from hipkernel.config import (CANDIDATES, DEFAULT, HEAD_DIMS, MMA_DEFAULT, KernelConfig, candidates,
-                              has_mma)
+from hipkernel.config import (CANDIDATES, DEFAULT, HEAD_DIMS, MMA_DEFAULT, MMA_WIDE_CANDIDATES,
+                              WIDE_HEAD_DIMS, KernelConfig, candidates, has_mma)
 from refattn.args import check_attention_args
 from refattn.cases import OUT_CANARY_BITS, Case, canary_out, load_suites, make_inputs
 from refattn.metrics import compare
@@ -83,15 +83,17 @@ def _case_config(case: Case) -> KernelConfig | None:
                         case.config.get("bkv", DEFAULT.bkv), case.config.get("path", DEFAULT.path))
 
 
-_CONFIG_NAME = re.compile(r"(?:([a-z]+)_)?m(\d+)_b(\d+)")
+_CONFIG_NAME = re.compile(r"(?:([a-z]+)_)?m(\d+)_b(\d+)(?:_w(\d+))?")
 
 
 def config_from_name(name: str) -> KernelConfig:
-    """The inverse of ``KernelConfig.name``: ``"m4_b64"`` (scalar) or ``"mma_m4_b64"``."""
+    """The inverse of ``KernelConfig.name``: ``"m4_b64"`` (scalar), ``"mma_m4_b64"`` or
+    ``"mma_m8_b64_w2"``."""
     m = _CONFIG_NAME.fullmatch(str(name))
     if m is None:
-        raise ValueError(f"config: expected a config name like m4_b64 or mma_m4_b64, got {name!r}")
-    return KernelConfig(int(m.group(2)), int(m.group(3)), m.group(1) or "scalar")
+        raise ValueError(f"config: expected a config name like m4_b64, mma_m4_b64 or "
+                         f"mma_m8_b64_w2, got {name!r}")
+    return KernelConfig(int(m.group(2)), int(m.group(3)), m.group(1) or "scalar", int(m.group(4) or 1))
 
 
 def _supported(case: Case) -> bool:
@@ -492,14 +494,25 @@ def parse_sanitizer_summary(text: str, tool: str | None = None) -> dict:
     }
 
 
+def case_cost(case: Case) -> int:
+    """Visible (query, key) pairs of ``case`` over its heads and batch: what a sanitizer's
+    run time grows with."""
+    from hipkernel.timing import visible_pairs
+
+    return visible_pairs(case.sq, case.past_len, case.window) * case.Hq * case.B
+
+
 def sanitize_target(suites=("seed", "extended"), *, backend=None, match=None, cache: str = "tight",
-                    all_configs: bool = False, judge: bool = False, out=None) -> int:
+                    all_configs: bool = False, judge: bool = False, cheapest_first: bool = False,
+                    out=None) -> int:
     """The case matrix once on the kernel, for compute-sanitizer. ``HIPKERNEL_TUNE=0``, so
     launches use the case configs and ``config.DEFAULT`` only (``all_configs``: every
     autotune candidate of ``be.arch`` too, the mma path included where it exists). ``cache="tight"`` hands the kernel a cache of exactly
     ``past_len + Sq`` keys, so a read past the end of the last head's cache leaves the
     allocation and memcheck sees it; ``"padded"`` is the matrix's NaN-canary layout;
-    ``"both"`` runs both. A supported case must return 0, write every element and stay
+    ``"both"`` runs both. ``cheapest_first`` orders the cases by :func:`case_cost`, so a
+    run cut short by a time limit has checked as many cases as it could (each printed line is
+    one launch that finished). A supported case must return 0, write every element and stay
     finite (``judge``: and pass the derived gate); a declined one must return -1 with the
     buffer byte-identical. On a target with tensor cores every supported case also runs
     the mma path's default config, so the sanitizer sees both kernel sources. Prints one line per launch; returns 0 if all is well, else 1."""
@@ -507,7 +520,7 @@ def sanitize_target(suites=("seed", "extended"), *, backend=None, match=None, ca
     saved = os.environ.get("HIPKERNEL_TUNE")
     os.environ["HIPKERNEL_TUNE"] = "0"
     try:
-        return _sanitize_cases(suites, backend, match, cache, all_configs, judge, out)
+        return _sanitize_cases(suites, backend, match, cache, all_configs, judge, cheapest_first, out)
     finally:
         if saved is None:
             os.environ.pop("HIPKERNEL_TUNE", None)
@@ -515,7 +528,7 @@ def sanitize_target(suites=("seed", "extended"), *, backend=None, match=None, ca
             os.environ["HIPKERNEL_TUNE"] = saved
 
 
-def _sanitize_cases(suites, backend, match, cache, all_configs, judge, out) -> int:
+def _sanitize_cases(suites, backend, match, cache, all_configs, judge, cheapest_first, out) -> int:
     from hipkernel.backends import get_backend
 
     be = backend if backend is not None and not isinstance(backend, str) else get_backend(backend)
@@ -525,6 +538,8 @@ def _sanitize_cases(suites, backend, match, cache, all_configs, judge, out) -> i
     cases = load_suites(list(suites))
     if match:
         cases = [c for c in cases if any(s in c.name for s in match)]
+    if cheapest_first:
+        cases = sorted(cases, key=case_cost)
     print(f"sanitize target: {len(cases)} cases on {be.name} ({be.arch}), cache {cache}, "
           f"HIPKERNEL_TUNE=0", file=out, flush=True)
     bad = launches = 0
@@ -533,7 +548,9 @@ def _sanitize_cases(suites, backend, match, cache, all_configs, judge, out) -> i
         supported = _supported(case)
         configs = [_case_config(case)]  # None: the default config (HIPKERNEL_TUNE=0)
         if supported and has_mma(be.arch):
-            configs.append(MMA_DEFAULT)  # the tensor-core path the autotuner picks there
+            configs.append(MMA_DEFAULT)  # the tensor-core paths the autotuner picks there
+            if case.d in WIDE_HEAD_DIMS:
+                configs.append(MMA_WIDE_CANDIDATES[0])
         if all_configs and supported:
             configs += [c for c in candidates(be.arch) if c not in configs]
         ref = None
@@ -618,6 +635,8 @@ def main(argv=None) -> int:
                     help="KV cache layout for --sanitize-target (default: tight)")
     ap.add_argument("--all-configs", action="store_true",
                     help="--sanitize-target: also run every autotune candidate config")
+    ap.add_argument("--cheapest-first", action="store_true",
+                    help="--sanitize-target: run the cases in order of cost (visible pairs x heads)")
     ap.add_argument("--judge", action="store_true",
                     help="--sanitize-target: also compare with the fp64 reference")
     ap.add_argument("--fuzz-n", type=int, default=500, help="--run: fuzz examples (default 500)")
@@ -640,7 +659,8 @@ def main(argv=None) -> int:
         return 0 if all(p["ok"] for p in parsed.values()) else 1
     if args.sanitize_target:
         return sanitize_target(suites, backend=args.backend, match=args.match, cache=args.cache,
-                               all_configs=args.all_configs, judge=args.judge)
+                               all_configs=args.all_configs, judge=args.judge,
+                               cheapest_first=args.cheapest_first)
 
     from hipkernel import record
     from hipkernel.backends import get_backend

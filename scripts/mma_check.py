@@ -28,7 +28,11 @@ from pathlib import Path
 
 from hipkernel import api
 from hipkernel.adapter import HipKernel
-from hipkernel.config import CANDIDATES, MMA_CANDIDATES, MMA_DEFAULT, KernelConfig
+from hipkernel.config import (CANDIDATES, MMA_CANDIDATES, MMA_DEFAULT, MMA_WIDE_CANDIDATES,
+                              KernelConfig)
+
+# Every mma config the checks force: one warp per 16 rows, and 32 rows a warp (warp_m = 2).
+MMA_ALL = MMA_CANDIDATES + MMA_WIDE_CANDIDATES
 
 
 _SECTIONS: list[str] = []
@@ -48,6 +52,7 @@ class ForcedKernel(HipKernel):
         if self.respect_case and inputs.config:
             c.update(inputs.config)
         c["path"] = self.cfg.path
+        c["warp_m"] = self.cfg.warp_m if c["m_tiles"] % self.cfg.warp_m == 0 else 1
         status, out = api.attention(inputs.q, inputs.k, inputs.v, out=inputs.out, config=c,
                                     backend=self._backend or "cuda", mutants=self.mutants,
                                     **self._kw(inputs))
@@ -67,7 +72,7 @@ def section_matrix(out: Path) -> dict:
 
     cases = load_suites(["seed", "extended"])
     doc = {}
-    for i, cfg in enumerate(MMA_CANDIDATES):
+    for i, cfg in enumerate(MMA_ALL):
         if i == 0 and "mutants" in _SECTIONS:
             continue  # the kill matrix's clean run is this pass
         t0 = time.perf_counter()
@@ -93,7 +98,7 @@ def section_time(out: Path) -> list:
         r = Resident(be, B=1, Sq=512, Hq=64, Hkv=8, d=64, past_len=past)
         try:
             f = flops(1, 512, 64, 64, past, window)
-            for cfg in CANDIDATES + MMA_CANDIDATES:
+            for cfg in CANDIDATES + MMA_ALL:
                 if cfg.path == "scalar" and cfg.name not in ("m4_b32", "m2_b32"):
                     continue
                 ms = r.time_ms(window=window, config=cfg, warmup=10, reps=30)
@@ -115,7 +120,7 @@ _SWEEP_GEOMS = ((64, 64, 8192, -1), (64, 64, 8192, 128), (64, 64, 512, 128),
 
 def _sweep_jobs():
     for d in (64, 128):
-        for c in MMA_CANDIDATES:
+        for c in MMA_CANDIDATES + (MMA_WIDE_CANDIDATES if d == 64 else ()):
             for mb in _SWEEP_MB:
                 if mb is None or 65536 // (c.threads * max(mb, 1)) >= (96 if d == 64 else 168):
                     yield d, c, mb
@@ -175,23 +180,28 @@ def section_sweep(out: Path) -> list:
 
 
 def section_mutants(out: Path) -> dict:
+    """The kill matrix with the mma path forced: at MMA_DEFAULT (case tiles kept) and at the
+    first 32-rows-a-warp config."""
     from refattn.cases import load_suites
     from refattn.killmatrix import format_grid, run_kill_matrix
 
-    km = run_kill_matrix(lambda mutants: ForcedKernel(MMA_DEFAULT, mutants=mutants),
-                         load_suites(["seed", "extended"]))
-    print(format_grid(km), flush=True)
-    print(f"== mutants (mma): ok={km.ok} clean_ok={km.clean_ok} "
-          f"survivors={[m.name for m in km.mutants if not m.killed]}", flush=True)
-    return km.to_json()
+    doc = {}
+    for cfg in (MMA_DEFAULT, MMA_WIDE_CANDIDATES[0]):
+        km = run_kill_matrix(lambda mutants, cfg=cfg: ForcedKernel(cfg, mutants=mutants),
+                             load_suites(["seed", "extended"]))
+        print(format_grid(km), flush=True)
+        print(f"== mutants ({cfg.name}): ok={km.ok} clean_ok={km.clean_ok} "
+              f"survivors={[m.name for m in km.mutants if not m.killed]}", flush=True)
+        doc[cfg.name] = km.to_json()
+    return doc
 
 
 def _compile_one(job) -> str:
-    path, d, m_tiles, bkv, mutants, mb = job
+    path, d, m_tiles, bkv, mutants, mb, warp_m = job
     from hipkernel.backends import get_backend
 
     be = get_backend("cuda")
-    cfg = KernelConfig(m_tiles, bkv, path)
+    cfg = KernelConfig(m_tiles, bkv, path, warp_m)
     t0 = time.perf_counter()
     defines = dict(api.kernel_defines(d, cfg, mutants))
     if mb is not None:
@@ -211,31 +221,37 @@ def prewarm(sections) -> None:
 
     from refattn.mutants import MUTANTS
 
-    tiles = {(c.m_tiles, c.bkv) for c in MMA_CANDIDATES} | {(1, 32), (4, 32), (4, 64)}
-    jobs = set()
     none = frozenset()
+
+    def job(cfg: KernelConfig, d: int, mutants=none, mb=None) -> tuple:
+        return (cfg.path, d, cfg.m_tiles, cfg.bkv, mutants, mb, cfg.warp_m)
+
+    # the mma tiles the matrix and the kill matrix reach: every candidate, and the cases' own
+    # tiles (m1_b32, m4_b32, m4_b64) under each warp_m they allow
+    case_tiles = [KernelConfig(m, b, "mma", w) for m, b in ((1, 32), (4, 32), (4, 64))
+                  for w in (1, 2) if m % w == 0]
+    mma_tiles = set(MMA_ALL) | set(case_tiles)
+    jobs = set()
     if "matrix" in sections:
-        jobs |= {("mma", d, m, b, none, None) for d in (64, 128) for m, b in tiles}
+        jobs |= {job(c, d) for d in (64, 128) for c in mma_tiles}
     if "time" in sections:
-        jobs |= {("scalar", 64, m, 32, none, None) for m in (2, 4)}
-        jobs |= {("mma", 64, c.m_tiles, c.bkv, none, None) for c in MMA_CANDIDATES}
+        jobs |= {job(KernelConfig(m, 32), 64) for m in (2, 4)}
+        jobs |= {job(c, 64) for c in MMA_ALL}
     if "sweep" in sections:
-        jobs |= {("scalar", d, 4, b, none, None) for d in (64, 128) for b in (32, 64)}
-        jobs |= {("mma", d, c.m_tiles, c.bkv, none, mb) for d, c, mb in _sweep_jobs()}
+        jobs |= {job(KernelConfig(4, b), d) for d in (64, 128) for b in (32, 64)}
+        jobs |= {job(c, d, mb=mb) for d, c, mb in _sweep_jobs()}
     if "mutants" in sections:
-        jobs |= {("mma", d, m, b, frozenset({mu.name}), None) for d in (64, 128)
-                 for m, b in ((4, 64), (4, 32), (1, 32)) for mu in MUTANTS}
-        jobs |= {("mma", d, m, b, none, None) for d in (64, 128) for m, b in tiles}
+        jobs |= {job(c, d, frozenset({mu.name})) for d in (64, 128) for c in case_tiles
+                 for mu in MUTANTS}
+        jobs |= {job(c, d) for d in (64, 128) for c in mma_tiles}
     if "records" in sections:  # what hipkernel.gpu_session compiles: every candidate, and
         # the mutants at the default config (HIPKERNEL_TUNE=0) and at the cases' own configs
         from hipkernel.config import candidates, default_config
 
         d0 = default_config("sm_90")
-        jobs |= {(c.path, d, c.m_tiles, c.bkv, none, None) for c in candidates("sm_90")
-                 for d in (64, 128)}
-        jobs |= {(d0.path, d, d0.m_tiles, d0.bkv, frozenset({mu.name}), None) for d in (64, 128)
-                 for mu in MUTANTS}
-        jobs |= {("scalar", 64, m, b, mut, None) for m, b in ((1, 32), (4, 32), (4, 64))
+        jobs |= {job(c, d) for d in (64, 128) for c in candidates("sm_90", d)}
+        jobs |= {job(d0, d, frozenset({mu.name})) for d in (64, 128) for mu in MUTANTS}
+        jobs |= {job(KernelConfig(m, b), 64, mut) for m, b in ((1, 32), (4, 32), (4, 64))
                  for mut in [none] + [frozenset({mu.name}) for mu in MUTANTS]}
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1),

@@ -102,7 +102,7 @@ def test_explicit_config_skips_tuning():
 def test_sweep_covers_the_targets_candidates():
     """On sm_80+ the sweep adds the mma configs, compiled from the mma source; elsewhere
     only the scalar configs run. The winner of an sm_90 key may be an mma config."""
-    from hipkernel.config import MMA_CANDIDATES, candidates
+    from hipkernel.config import MMA_CANDIDATES, MMA_WIDE_CANDIDATES, candidates
 
     fastest = MMA_CANDIDATES[1]
     be = RecordingBackend(arch="sm_90",
@@ -113,10 +113,10 @@ def test_sweep_covers_the_targets_candidates():
     be.compile = lambda src, defines, name: (sources.append("mma" if src == mma_src else "scalar"),
                                              compile_(src, defines, name))[1]
     prefill_chunk(be, 512)
-    n_cands = len(candidates("sm_90"))
-    assert n_cands == len(CANDIDATES) + len(MMA_CANDIDATES)
+    n_cands = len(candidates("sm_90", 64))
+    assert n_cands == len(CANDIDATES) + len(MMA_CANDIDATES) + len(MMA_WIDE_CANDIDATES)
     assert len(sources) == n_cands + 1  # one compile per candidate, then the chosen one's
-    assert sources[:n_cands].count("mma") == len(MMA_CANDIDATES)
+    assert sources[:n_cands].count("mma") == len(MMA_CANDIDATES) + len(MMA_WIDE_CANDIDATES)
     assert TUNER.choices()[0]["config"] in {c.name for c in candidates("sm_90")}
     amd = RecordingBackend(arch="gfx1151")
     amd_sources = []

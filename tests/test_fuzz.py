@@ -368,6 +368,10 @@ def test_fuzz_covers_the_mma_path_where_the_arch_has_it():
     assert {l["kernel"]["PATH"] for l in be.launches} == {"scalar", "mma"}
     assert reliability.config_from_name("mma_m4_b64") == KernelConfig(4, 64, "mma")
     assert reliability.config_from_name("m1_b32") == KernelConfig(1, 32)
+    wide = KernelConfig(8, 64, "mma", 2)
+    assert reliability.config_from_name(wide.name) == wide
+    with pytest.raises(ValueError, match="^config"):
+        reliability.config_from_name("mma_m8_b64_x2")
 
 
 def test_fuzz_failures_carry_a_geometry_that_reproduces_them():
@@ -481,10 +485,36 @@ def test_sanitize_target_runs_every_case_and_restores_the_env(suite_dir, monkeyp
     assert f"{len(CANDIDATES)} calls, 0 bad" in capsys.readouterr().out
     with pytest.raises(ValueError, match="^cache"):
         reliability.sanitize_target(["tiny"], backend=be, cache="loose")
-    sm90 = ModelBackend(arch="sm_90")  # tensor cores: the mma path's default runs too
+    sm90 = ModelBackend(arch="sm_90")  # tensor cores: the mma defaults (16 and 32 rows a warp) too
     assert reliability.sanitize_target(["tiny"], backend=sm90, judge=True) == 0
     assert {l["kernel"]["PATH"] for l in sm90.launches} == {"scalar", "mma"}
-    assert "5 calls, 0 bad" in capsys.readouterr().out
+    assert sum(l["kernel"].get("WARP_M") == 2 for l in sm90.launches) == 2  # both d=64 cases
+    assert "7 calls, 0 bad" in capsys.readouterr().out
+
+
+def test_sanitize_target_cheapest_first(suite_dir, capsys):
+    suite_dir("tiny", TINY_SUITE + """
+[[case]]
+name = "san-big"
+sq = 40
+past_len = 300
+why = "costs the most"
+
+[[case]]
+name = "san-small"
+sq = 2
+past_len = 0
+why = "costs the least"
+""")
+    cases = {c.name: c for c in reliability.load_suites(["tiny"])}
+    assert reliability.case_cost(cases["san-small"]) == 3 * 4  # rows see 1 and 2 keys, 4 heads
+    assert reliability.sanitize_target(["tiny"], backend=ModelBackend(), cheapest_first=True) == 0
+    order = [line.split()[1] for line in capsys.readouterr().out.splitlines()
+             if line.startswith("  ok")]
+    names = list(dict.fromkeys(n.split("/")[1] for n in order))
+    assert names[0] == "san-small" and names[-1] == "san-big"
+    costs = [reliability.case_cost(cases[n]) for n in names]
+    assert costs == sorted(costs)
 
 
 def test_sanitize_target_fails_on_a_broken_kernel(suite_dir, capsys):

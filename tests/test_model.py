@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from hipkernel import model
-from hipkernel.config import (CANDIDATES, DEFAULT, HEAD_DIMS, MMA_CANDIDATES, KernelConfig,
-                              candidates, default_config)
+from hipkernel.config import (CANDIDATES, DEFAULT, HEAD_DIMS, MMA_CANDIDATES, MMA_WIDE_CANDIDATES,
+                              KernelConfig, candidates, default_config)
 from refattn import reference
 from refattn.mutants import MUTANTS, by_name
 
@@ -317,9 +317,26 @@ def test_mma_config_geometry_and_candidates():
     assert all(cfg.smem_bytes(d) <= 48 * 1024 for cfg in MMA_CANDIDATES for d in HEAD_DIMS)
     with pytest.raises(ValueError, match="^bkv"):
         KernelConfig(4, 128, "mma").defines(128)
-    assert candidates("gfx1151") == CANDIDATES == candidates("sm_75")
-    assert candidates("sm_90") == CANDIDATES + MMA_CANDIDATES == candidates("sm_80")
+    assert candidates("gfx1151") == CANDIDATES == candidates("sm_75") == candidates("gfx942", 64)
+    assert candidates("sm_90", 128) == CANDIDATES + MMA_CANDIDATES == candidates("sm_80", 128)
+    assert candidates("sm_90", 64) == CANDIDATES + MMA_CANDIDATES + MMA_WIDE_CANDIDATES
+    assert candidates("sm_90") == candidates("sm_90", 64)  # d=None: every runnable config
     assert default_config("sm_90").path == "mma" and default_config("gfx90a") == DEFAULT
+
+
+def test_wide_mma_config():
+    """32 rows a warp: half the threads for the same tile, WARP_M passed to the compiler,
+    mma only, and m_tiles a multiple of it."""
+    c = KernelConfig(8, 64, "mma", 2)
+    assert (c.block_rows, c.threads, c.name) == (128, 128, "mma_m8_b64_w2")
+    assert c.defines(64) == {"HEAD_DIM": 64, "M_TILES": 8, "BKV": 64, "WARP_M": 2}
+    assert c.grid(Sq=129, Hq=64, B=1) == (2, 64, 1)
+    assert all(w.smem_bytes(64) <= 48 * 1024 for w in MMA_WIDE_CANDIDATES)
+    for bad in (dict(m_tiles=4, bkv=64, path="scalar", warp_m=2),
+                dict(m_tiles=1, bkv=64, path="mma", warp_m=2),
+                dict(m_tiles=4, bkv=64, path="mma", warp_m=4)):
+        with pytest.raises(ValueError, match="^warp_m"):
+            KernelConfig(**bad)
 
 
 def test_mma_model_rounds_p_to_fp16():

@@ -6,10 +6,12 @@
 //
 // Device code only, with the same ABI and entry name as gqa_flash_prefill.hip (so the launch
 // code is shared; docs/ARCHITECTURE.md "Kernel ABI"):
-//   compile-time  HEAD_DIM (64 | 128), M_TILES (warps = 16-row groups), BKV (keys per tile)
+//   compile-time  HEAD_DIM (64 | 128), M_TILES (16-row groups), BKV (keys per tile),
+//                 WARP_M (16-row groups a warp owns, 1 or 2; default 1)
 //   grid          (ceil(Sq / BM), Hq, B), BM = 16 * M_TILES
-//   block         32 * M_TILES threads: warp w owns query rows [16w, 16w + 16) of the Q tile;
-//                 lane l holds rows g = l >> 2 and g + 8 of the MMA fragments (portable.h)
+//   block         32 * M_TILES / WARP_M threads: warp w owns query rows [WR w, WR w + WR) of
+//                 the Q tile, WR = 16 * WARP_M; in each 16-row group f of them, lane l holds
+//                 rows g = l >> 2 and g + 8 of the MMA fragments (portable.h)
 //   shared        static only: KV_STAGES x (K tile + V tile), BKV x (HEAD_DIM + 8) halves each
 //                 (8 halves of padding per row make ldmatrix conflict-free); two stages
 //                 (cp.async double buffering) when they fit in 48 KiB, else one
@@ -22,13 +24,15 @@
 // sink epilogue in exp2 space with the max over the sink, out = acc / l (0 when l == 0).
 // What differs is only how the products are done:
 //   S = Q K^T    Q fragments live in registers for the whole block; K fragments come from
-//                shared memory by ldmatrix; S accumulates in fp32 registers.
+//                shared memory by ldmatrix, each used by the warp's WARP_M row groups (with
+//                WARP_M = 2 a fragment read from shared memory feeds two MMAs, which halves
+//                the shared-memory traffic per MMA); S accumulates in fp32 registers.
 //   softmax      on the accumulator fragments: a row is held by the 4 lanes 4g..4g+3, so its
 //                max and sum take two xor-shuffles.
 //   O += P V     P is rounded to fp16 and reused in registers as the A operand (the S
 //                accumulator layout of two adjacent 8-key blocks is the A layout of one
-//                16-key chunk); V fragments come by ldmatrix.trans. model.py rounds P the
-//                same way for path "mma".
+//                16-key chunk); V fragments come by ldmatrix.trans, reused like K's.
+//                model.py rounds P the same way for path "mma".
 // A warp skips a KV tile in which none of its rows sees a key (causal diagonal, window
 // edge). The model walks such tiles for every row, and there they change nothing exactly
 // (m_new = m or the NaN guard holds, alpha = 1, p = 0), so skipping is bit-identical. Two
@@ -51,9 +55,16 @@
 #if (BKV & (BKV - 1)) != 0 || BKV < 16
 #error "BKV must be a power of two >= 16 (P.V consumes 16 keys per MMA)"
 #endif
+#ifndef WARP_M
+#define WARP_M 1
+#endif
+#if (WARP_M != 1 && WARP_M != 2) || M_TILES % WARP_M != 0
+#error "WARP_M must be 1 or 2 and divide M_TILES"
+#endif
 
-#define BM (16 * M_TILES)         // query rows per block
-#define NTHREADS (32 * M_TILES)   // one warp per 16 rows
+#define BM (16 * M_TILES)                // query rows per block
+#define WR (16 * WARP_M)                 // query rows per warp
+#define NTHREADS (32 * M_TILES / WARP_M) // one warp per WR rows
 #define VPR (HEAD_DIM / 8)        // 16-byte vectors per K/V row
 #define KV_STRIDE (HEAD_DIM + 8)  // halves per shared K/V row: 16 bytes of padding
 #define KV_TILE (BKV * KV_STRIDE) // halves per shared K or V tile
@@ -84,8 +95,11 @@
 //   d = 64, BKV = 64   12 warps an SM (170 registers; ptxas takes ~166): 0.32 ms. A cap of
 //                      128 (which ptxas' heuristic picks by itself on sm_80) spills.
 //   d = 128            1: ptxas takes ~230 and 185 for BKV = 64 and 32 (lower caps spill)
+//   WARP_M = 2         1: twice the accumulators; no cap below ptxas' own choice
 #ifndef MIN_BLOCKS
-#if HEAD_DIM <= 64 && BKV <= 32
+#if WARP_M == 2
+#define MIN_BLOCKS 1
+#elif HEAD_DIM <= 64 && BKV <= 32
 #define MIN_BLOCKS (512 / NTHREADS)
 #elif HEAD_DIM <= 64
 #define MIN_BLOCKS (384 / NTHREADS > 0 ? 384 / NTHREADS : 1)
@@ -178,43 +192,54 @@ extern "C" __global__ MMA_LAUNCH_BOUNDS void gqa_flash_prefill(
     const float sig2 = sigma * LOG2E;
 #endif
 
-    // This warp's 16 rows; this lane's two rows r = 0, 1 are iw + g + 8r.
-    const int iw = i0 + 16 * warp;
+    // This warp's WR rows; this lane's rows are iw + 16f + g + 8r (group f, r = 0, 1).
+    const int iw = i0 + WR * warp;
     const bool warp_live = iw < Sq;  // a warp wholly past Sq computes nothing
-    const int pw_first = past + iw, pw_last = pw_first + 15;
-    int p_r[2], i_r[2];
-    bool ok_r[2];
+    const int pw_first = past + iw, pw_last = pw_first + WR - 1;
+    int p_r[WARP_M][2], i_r[WARP_M][2];
+    bool ok_r[WARP_M][2];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        i_r[r] = iw + g + 8 * r;
-        p_r[r] = past + i_r[r];
-        ok_r[r] = i_r[r] < Sq;  // rows past Sq compute but store nothing
-    }
+    for (int f = 0; f < WARP_M; ++f)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            i_r[f][r] = iw + 16 * f + g + 8 * r;
+            p_r[f][r] = past + i_r[f][r];
+            ok_r[f][r] = i_r[f][r] < Sq;  // rows past Sq compute but store nothing
+        }
 
-    // Q as A fragments, for the whole block: qf[kc] holds dims [16kc, 16kc + 16).
-    unsigned int qf[KC_S][4];
-    {
+    // Q as A fragments, for the whole block: qf[f][kc] holds dims [16kc, 16kc + 16) of group f.
+    unsigned int qf[WARP_M][KC_S][4];
+#pragma unroll
+    for (int f = 0; f < WARP_M; ++f) {
         const half_t* qrow[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r)
-            qrow[r] = q + (((hk_u64)b * Sq + (ok_r[r] ? i_r[r] : 0)) * Hq + h) * HEAD_DIM + 2 * t4;
+            qrow[r] = q + (((hk_u64)b * Sq + (ok_r[f][r] ? i_r[f][r] : 0)) * Hq + h) * HEAD_DIM + 2 * t4;
 #pragma unroll
         for (int kc = 0; kc < KC_S; ++kc)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {  // e: (row g, k lo) (row g+8, k lo) (g, k hi) (g+8, k hi)
                 const int r = e & 1;
-                qf[kc][e] = ok_r[r] ? *(const unsigned int*)(qrow[r] + 16 * kc + 8 * (e >> 1)) : 0u;
+                qf[f][kc][e] = ok_r[f][r] ? *(const unsigned int*)(qrow[r] + 16 * kc + 8 * (e >> 1)) : 0u;
             }
     }
     const float c2 = scale * LOG2E;  // s2 = c2 * dot(q, k): logits in exp2 space
 
-    // Online-softmax state of this lane's two rows (the 4 lanes of a row hold the same m, l).
-    float m[2] = {hk_neg_inf(), hk_neg_inf()}, l[2] = {0.0f, 0.0f};
-    float o[NB_O][4];  // O accumulator fragments: o[nd] holds dims [8nd, 8nd + 8)
+    // Online-softmax state of this lane's rows (the 4 lanes of a row hold the same m, l).
+    float m[WARP_M][2], l[WARP_M][2];
+    float o[WARP_M][NB_O][4];  // O accumulator fragments: o[f][nd] holds dims [8nd, 8nd + 8)
 #pragma unroll
-    for (int nd = 0; nd < NB_O; ++nd)
+    for (int f = 0; f < WARP_M; ++f) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) o[nd][e] = 0.0f;
+        for (int r = 0; r < 2; ++r) {
+            m[f][r] = hk_neg_inf();
+            l[f][r] = 0.0f;
+        }
+#pragma unroll
+        for (int nd = 0; nd < NB_O; ++nd)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o[f][nd][e] = 0.0f;
+    }
 
     const hk_u64 kv_base = ((hk_u64)b * Hkv + kvh) * (hk_u64)S_cap * HEAD_DIM;
     const half_t* kg = k + kv_base;
@@ -286,20 +311,25 @@ extern "C" __global__ MMA_LAUNCH_BOUNDS void gqa_flash_prefill(
             const unsigned int k_t = k_s0 + 2u * st * KV_TILE + k_lane;
             const unsigned int v_t = v_s0 + 2u * st * KV_TILE + v_lane;
 
-            // S = Q K^T, fp32.
-            float s[NB_S][4];
+            // S = Q K^T, fp32: each K fragment feeds every row group of the warp.
+            float s[WARP_M][NB_S][4];
 #pragma unroll
-            for (int nb = 0; nb < NB_S; ++nb)
+            for (int f = 0; f < WARP_M; ++f)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) s[nb][e] = 0.0f;
+                for (int nb = 0; nb < NB_S; ++nb)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) s[f][nb][e] = 0.0f;
 #pragma unroll
             for (int kk = 0; kk < HEAD_DIM / 32; ++kk)
 #pragma unroll
                 for (int nb = 0; nb < NB_S; ++nb) {
                     unsigned int kb[4];
                     hk_ldmatrix_x4(kb, k_t + 2u * (8 * nb * KV_STRIDE + 32 * kk));
-                    hk_mma_16816(s[nb], qf[2 * kk], kb[0], kb[1]);
-                    hk_mma_16816(s[nb], qf[2 * kk + 1], kb[2], kb[3]);
+#pragma unroll
+                    for (int f = 0; f < WARP_M; ++f) {
+                        hk_mma_16816(s[f][nb], qf[f][2 * kk], kb[0], kb[1]);
+                        hk_mma_16816(s[f][nb], qf[f][2 * kk + 1], kb[2], kb[3]);
+                    }
                 }
 
             // Invisible keys get -inf. Element e of s[nb] is row g + 8 (e >> 1), key
@@ -309,83 +339,95 @@ extern "C" __global__ MMA_LAUNCH_BOUNDS void gqa_flash_prefill(
                                (window < 0 || j0 >= window_lo(pw_last, window));
             if (!whole) {
 #pragma unroll
+                for (int f = 0; f < WARP_M; ++f)
+#pragma unroll
+                    for (int nb = 0; nb < NB_S; ++nb)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            const int j = j0 + 8 * nb + 2 * t4 + (e & 1);
+                            if (!visible(p_r[f][e >> 1], j, window)) s[f][nb][e] = hk_neg_inf();
+                        }
+            }
+#pragma unroll
+            for (int f = 0; f < WARP_M; ++f) {
+                // The row max of the logits in exp2 space, s2 = c2 * dot: c2 > 0 and rounding is
+                // monotonic, so max_j fl(c2 dot_j) = fl(c2 max_j dot_j) exactly.
+                float m_tile[2] = {hk_neg_inf(), hk_neg_inf()};
+#pragma unroll
+                for (int nb = 0; nb < NB_S; ++nb)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) m_tile[e >> 1] = hk_fmax(m_tile[e >> 1], s[f][nb][e]);
+
+                // Online softmax per row. NaN guard: a row that has seen nothing so far and sees
+                // nothing in this tile (m_new = -inf) keeps (m, l, acc): it takes alpha = 1 and
+                // p = 0 instead of exp2(-inf - -inf) = NaN.
+                //   p_j = exp2(s2_j - m_new) = exp2(fma(dot_j, c2, -m_new)), one FFMA and one MUFU;
+                //   an invisible key (dot = -inf) gives exp2(-inf) = 0 with no select. A row that
+                //   does not update has only invisible keys: its shift is 0, so its p are 0 too.
+                float m_new[2], alpha[2], neg_m[2], l_tile[2] = {0.0f, 0.0f};
+                bool update[2];
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    m_tile[r] = hk_fmax(m_tile[r], hk_xor(m_tile[r], 1));  // the row's 4 lanes
+                    m_tile[r] = hk_fmax(m_tile[r], hk_xor(m_tile[r], 2));
+                    m_new[r] = hk_fmax(m[f][r], c2 * m_tile[r]);
+#ifdef HIPKERNEL_MUTANT_NO_NAN_GUARD
+                    update[r] = true;  // m_new = -inf: alpha and p become exp2(-inf - -inf) = NaN
+#else
+                    update[r] = m_new[r] != hk_neg_inf();
+#endif
+                    alpha[r] = update[r] ? hk_exp2_ftz(m[f][r] - m_new[r]) : 1.0f;  // 0 when m = -inf
+                    neg_m[r] = update[r] ? -m_new[r] : 0.0f;
+                }
+#pragma unroll
                 for (int nb = 0; nb < NB_S; ++nb)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
-                        const int j = j0 + 8 * nb + 2 * t4 + (e & 1);
-                        if (!visible(p_r[e >> 1], j, window)) s[nb][e] = hk_neg_inf();
+                        const int r = e >> 1;
+                        const float pj = hk_exp2_ftz(hk_fma(s[f][nb][e], c2, neg_m[r]));
+                        s[f][nb][e] = pj;
+                        l_tile[r] += pj;
                     }
-            }
-            // The row max of the logits in exp2 space, s2 = c2 * dot: c2 > 0 and rounding is
-            // monotonic, so max_j fl(c2 dot_j) = fl(c2 max_j dot_j) exactly.
-            float m_tile[2] = {hk_neg_inf(), hk_neg_inf()};
 #pragma unroll
-            for (int nb = 0; nb < NB_S; ++nb)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) m_tile[e >> 1] = hk_fmax(m_tile[e >> 1], s[nb][e]);
-
-            // Online softmax per row. NaN guard: a row that has seen nothing so far and sees
-            // nothing in this tile (m_new = -inf) keeps (m, l, acc): it takes alpha = 1 and
-            // p = 0 instead of exp2(-inf - -inf) = NaN.
-            //   p_j = exp2(s2_j - m_new) = exp2(fma(dot_j, c2, -m_new)), one FFMA and one MUFU;
-            //   an invisible key (dot = -inf) gives exp2(-inf) = 0 with no select. A row that
-            //   does not update has only invisible keys: its shift is 0, so its p are 0 too.
-            float m_new[2], alpha[2], neg_m[2], l_tile[2] = {0.0f, 0.0f};
-            bool update[2];
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                m_tile[r] = hk_fmax(m_tile[r], hk_xor(m_tile[r], 1));  // the row's 4 lanes
-                m_tile[r] = hk_fmax(m_tile[r], hk_xor(m_tile[r], 2));
-                m_new[r] = hk_fmax(m[r], c2 * m_tile[r]);
-#ifdef HIPKERNEL_MUTANT_NO_NAN_GUARD
-                update[r] = true;  // m_new = -inf: alpha and p become exp2(-inf - -inf) = NaN
-#else
-                update[r] = m_new[r] != hk_neg_inf();
-#endif
-                alpha[r] = update[r] ? hk_exp2_ftz(m[r] - m_new[r]) : 1.0f;  // 0 when m = -inf
-                neg_m[r] = update[r] ? -m_new[r] : 0.0f;
-            }
-#pragma unroll
-            for (int nb = 0; nb < NB_S; ++nb)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int r = e >> 1;
-                    const float pj = hk_exp2_ftz(hk_fma(s[nb][e], c2, neg_m[r]));
-                    s[nb][e] = pj;
-                    l_tile[r] += pj;
-                }
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                l_tile[r] += hk_xor(l_tile[r], 1);  // the row's sum over the whole tile
-                l_tile[r] += hk_xor(l_tile[r], 2);
-                l[r] = l[r] * alpha[r] + l_tile[r];
-                if (update[r]) m[r] = m_new[r];
+                for (int r = 0; r < 2; ++r) {
+                    l_tile[r] += hk_xor(l_tile[r], 1);  // the row's sum over the whole tile
+                    l_tile[r] += hk_xor(l_tile[r], 2);
+                    l[f][r] = l[f][r] * alpha[r] + l_tile[r];
+                    if (update[r]) m[f][r] = m_new[r];
 #ifdef HIPKERNEL_MUTANT_SINK_PER_TILE
-                if (has_sink && update[r]) l[r] += hk_exp2(sig2 - m_new[r]);  // split-KV bug
+                    if (has_sink && update[r]) l[f][r] += hk_exp2(sig2 - m_new[r]);  // split-KV bug
 #endif
-            }
+                }
 
-            // acc = acc * alpha + P.V over every key of the tile, P rounded to fp16: p = 0
-            // times a key no row may see is why the load zero-fills them.
+                // acc = acc * alpha (P.V follows for every group at once).
 #pragma unroll
-            for (int nd = 0; nd < NB_O; ++nd)
+                for (int nd = 0; nd < NB_O; ++nd)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) o[nd][e] *= alpha[e >> 1];
+                    for (int e = 0; e < 4; ++e) o[f][nd][e] *= alpha[e >> 1];
+            }  // row group f
+
+            // acc += P.V over every key of the tile, P rounded to fp16: p = 0 times a key no
+            // row may see is why the load zero-fills them. Each V fragment feeds every group.
 #pragma unroll
             for (int kc = 0; kc < KC_P; ++kc) {
                 // The S fragments of key blocks 2kc and 2kc + 1 are the A fragment of chunk kc.
-                const unsigned int pa[4] = {
-                    hk_pack_f16x2(s[2 * kc][0], s[2 * kc][1]),
-                    hk_pack_f16x2(s[2 * kc][2], s[2 * kc][3]),
-                    hk_pack_f16x2(s[2 * kc + 1][0], s[2 * kc + 1][1]),
-                    hk_pack_f16x2(s[2 * kc + 1][2], s[2 * kc + 1][3]),
-                };
+                unsigned int pa[WARP_M][4];
+#pragma unroll
+                for (int f = 0; f < WARP_M; ++f) {
+                    pa[f][0] = hk_pack_f16x2(s[f][2 * kc][0], s[f][2 * kc][1]);
+                    pa[f][1] = hk_pack_f16x2(s[f][2 * kc][2], s[f][2 * kc][3]);
+                    pa[f][2] = hk_pack_f16x2(s[f][2 * kc + 1][0], s[f][2 * kc + 1][1]);
+                    pa[f][3] = hk_pack_f16x2(s[f][2 * kc + 1][2], s[f][2 * kc + 1][3]);
+                }
 #pragma unroll
                 for (int nd = 0; nd < NB_O; nd += 2) {
                     unsigned int vb[4];
                     hk_ldmatrix_x4_trans(vb, v_t + 2u * (16 * kc * KV_STRIDE + 8 * nd));
-                    hk_mma_16816(o[nd], pa, vb[0], vb[1]);
-                    hk_mma_16816(o[nd + 1], pa, vb[2], vb[3]);
+#pragma unroll
+                    for (int f = 0; f < WARP_M; ++f) {
+                        hk_mma_16816(o[f][nd], pa[f], vb[0], vb[1]);
+                        hk_mma_16816(o[f][nd + 1], pa[f], vb[2], vb[3]);
+                    }
                 }
             }
         }
@@ -397,37 +439,39 @@ extern "C" __global__ MMA_LAUNCH_BOUNDS void gqa_flash_prefill(
 
     // Epilogue: fold the sink into the denominator once, with the max taken over it too.
 #pragma unroll
+    for (int f = 0; f < WARP_M; ++f)
+#pragma unroll
     for (int r = 0; r < 2; ++r) {
         if (has_sink) {
 #ifdef HIPKERNEL_MUTANT_SINK_MAX_SKIPPED
-            const float m_fin = m[r];  // exp2(sig2 - m) overflows for a large sink
+            const float m_fin = m[f][r];  // exp2(sig2 - m) overflows for a large sink
 #else
-            const float m_fin = hk_fmax(m[r], sig2);
+            const float m_fin = hk_fmax(m[f][r], sig2);
 #endif
-            const float f = m[r] == hk_neg_inf() ? 0.0f : hk_exp2(m[r] - m_fin);  // row saw nothing: 0
+            const float fac = m[f][r] == hk_neg_inf() ? 0.0f : hk_exp2(m[f][r] - m_fin);  // row saw nothing: 0
 #pragma unroll
             for (int nd = 0; nd < NB_O; ++nd) {
-                o[nd][2 * r] *= f;
-                o[nd][2 * r + 1] *= f;
+                o[f][nd][2 * r] *= fac;
+                o[f][nd][2 * r + 1] *= fac;
             }
-            l[r] *= f;
+            l[f][r] *= fac;
 #ifndef HIPKERNEL_MUTANT_SINK_PER_TILE
 #ifdef HIPKERNEL_MUTANT_SINK_UNSHIFTED
-            l[r] += sig2 == hk_neg_inf() ? 0.0f : hk_exp2(sig2);  // not shifted by the max
+            l[f][r] += sig2 == hk_neg_inf() ? 0.0f : hk_exp2(sig2);  // not shifted by the max
 #else
-            l[r] += sig2 == hk_neg_inf() ? 0.0f : hk_exp2(sig2 - m_fin);
+            l[f][r] += sig2 == hk_neg_inf() ? 0.0f : hk_exp2(sig2 - m_fin);
 #endif
 #endif
         }
 
         // out = acc / l, 0 for a row with nothing in its denominator (a NaN l stays NaN).
         // Lane (g, t4) writes dims 8nd + 2 t4, 8nd + 2 t4 + 1 of its row.
-        if (ok_r[r]) {
-            half_t* orow = out + (((hk_u64)b * Sq + i_r[r]) * Hq + h) * HEAD_DIM + 2 * t4;
+        if (ok_r[f][r]) {
+            half_t* orow = out + (((hk_u64)b * Sq + i_r[f][r]) * Hq + h) * HEAD_DIM + 2 * t4;
 #pragma unroll
             for (int nd = 0; nd < NB_O; ++nd) {
-                const float lo = l[r] == 0.0f ? 0.0f : o[nd][2 * r] / l[r];
-                const float hi = l[r] == 0.0f ? 0.0f : o[nd][2 * r + 1] / l[r];
+                const float lo = l[f][r] == 0.0f ? 0.0f : o[f][nd][2 * r] / l[f][r];
+                const float hi = l[f][r] == 0.0f ? 0.0f : o[f][nd][2 * r + 1] / l[f][r];
                 *(unsigned int*)(orow + 8 * nd) = hk_pack_f16x2(lo, hi);
             }
         }
