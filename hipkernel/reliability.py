@@ -447,6 +447,9 @@ _PROGRAM_HIT = re.compile(r"Program hit\s+(\S+)")
 _REPORT = re.compile(r"^=+\s+((?:Invalid|Error|Uninitialized|Barrier|Race|Warning|Malloc|"
                      r"Leaked|Address|Misaligned)\b.*)$", re.M)
 _TARGET_ERROR = "Target application returned an error"
+# sanitize_target's per-launch lines
+_LAUNCH_OK = re.compile(r"^  ok  ", re.M)
+_LAUNCH_BAD = re.compile(r"^  BAD ", re.M)
 
 
 def parse_sanitizer_summary(text: str, tool: str | None = None) -> dict:
@@ -471,6 +474,9 @@ def parse_sanitizer_summary(text: str, tool: str | None = None) -> dict:
     hits = sorted(set(_PROGRAM_HIT.findall(text)))
     target_error = _TARGET_ERROR in text
     n_summaries = len(errs) + len(races)
+    launches_ok = len(_LAUNCH_OK.findall(text))
+    launches_bad = len(_LAUNCH_BAD.findall(text))
+    traceback_seen = "Traceback (most recent call last)" in text
     problems = []
     if n_summaries == 0:
         problems.append("no ERROR/RACECHECK SUMMARY line: the tool or the target did not finish")
@@ -486,12 +492,26 @@ def parse_sanitizer_summary(text: str, tool: str | None = None) -> dict:
         problems.append("the target application returned an error")
     if hits:
         problems.append("API errors: " + ", ".join(hits))
+    if launches_bad:
+        problems.append(f"{launches_bad} launch(es) of the target judged BAD")
+    if traceback_seen:
+        problems.append("the target raised (a Python traceback)")
     return {
         "tool": tool, "errors": errors, "hazards": hazards, "warnings": warnings,
         "leaked_bytes": leaked, "leaked_allocations": sum(a for _, a in leaks) if leaks else None,
         "summaries": n_summaries, "target_error": target_error, "program_hits": hits,
         "first_reports": _REPORT.findall(text)[:10], "problems": problems, "ok": not problems,
+        "launches_ok": launches_ok, "launches_bad": launches_bad, "traceback": traceback_seen,
     }
+
+
+def stopped_clean(parsed: dict) -> bool:
+    """A sanitizer log cut short (a time limit) before its summary with nothing wrong in what
+    it did print: no report, no error, no BAD launch, no target error. Such a run checked
+    ``launches_ok`` launches and found nothing, but it is not a completed run."""
+    return (parsed["summaries"] == 0 and parsed["launches_ok"] > 0 and not parsed["first_reports"]
+            and not parsed["errors"] and not parsed["launches_bad"] and not parsed["target_error"]
+            and not parsed["program_hits"] and not parsed["traceback"])
 
 
 def case_cost(case: Case) -> int:
@@ -593,9 +613,16 @@ def _sanitize_cases(suites, backend, match, cache, all_configs, judge, cheapest_
 def record_body(be, *, determinism: dict | None = None, fuzz: dict | None = None,
                 sanitizer: dict | None = None) -> tuple[dict, bool]:
     """The body of a ``reliability`` record and its ``ok``: every section given must be ok.
-    ``sanitizer`` maps a tool name to :func:`parse_sanitizer_summary` output. Stamp it with
+    ``sanitizer`` maps a log name to :func:`parse_sanitizer_summary` output. A log that
+    :func:`stopped_clean` goes to ``sanitizer_incomplete`` instead (with the launches it
+    checked), where it is reported but neither passes nor fails the record. Stamp it with
     ``hipkernel.record.stamp("reliability", be.device_name, body, ok)``."""
     body = {"backend": be.name, "arch": be.arch}
+    if sanitizer:
+        incomplete = {k: v for k, v in sanitizer.items() if stopped_clean(v)}
+        sanitizer = {k: v for k, v in sanitizer.items() if k not in incomplete} or None
+        if incomplete:
+            body["sanitizer_incomplete"] = incomplete
     oks = []
     for name, section in (("determinism", determinism), ("fuzz", fuzz), ("sanitizer", sanitizer)):
         if section is None:

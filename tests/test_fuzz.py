@@ -638,6 +638,35 @@ def test_record_body_is_ok_only_when_every_section_is():
     assert not reliability.record_body(be)[1]  # nothing recorded is not a pass
 
 
+RACECHECK_CUT = """\
+========= COMPUTE-SANITIZER
+sanitize target: 45 cases on cuda (sm_90), cache tight, HIPKERNEL_TUNE=0
+  ok  seed/gptoss-sink-past0                  tight  m4_b64   status 0, 0 unwritten, finite=True
+  ok  seed/gptoss-sink-past0                  tight  mma_m4_b64 status 0, 0 unwritten, finite=True
+"""
+
+
+def test_a_sanitizer_run_cut_short_is_reported_apart():
+    """A log stopped by a time limit with nothing wrong in it is neither a pass nor a failure:
+    it goes to sanitizer_incomplete with the launches it checked. Anything wrong in a cut
+    log (a report, a BAD launch, a traceback) still fails the record."""
+    be = ModelBackend()
+    good = reliability.parse_sanitizer_summary(MEMCHECK_CLEAN)
+    cut = reliability.parse_sanitizer_summary(RACECHECK_CUT)
+    assert not cut["ok"] and cut["launches_ok"] == 2 and reliability.stopped_clean(cut)
+    body, ok = reliability.record_body(be, fuzz={"ok": True},
+                                       sanitizer={"memcheck": good, "racecheck": cut})
+    assert ok and set(body["sanitizer"]) == {"memcheck"}
+    assert body["sanitizer_incomplete"]["racecheck"]["launches_ok"] == 2
+    for broken in (RACECHECK_CUT + "  BAD seed/x tight m4_b64 status -1\n",
+                   RACECHECK_CUT + "========= Error: Race reported between Write access\n",
+                   RACECHECK_CUT + "Traceback (most recent call last):\nRuntimeError: boom\n",
+                   NO_SUMMARY):
+        parsed = reliability.parse_sanitizer_summary(broken)
+        assert not reliability.stopped_clean(parsed), broken
+        assert not reliability.record_body(be, fuzz={"ok": True}, sanitizer={"racecheck": parsed})[1]
+
+
 def test_main_run_writes_a_fresh_reliability_record(suite_dir, tmp_path, monkeypatch, capsys):
     """``--run`` on a (model) backend: determinism over the suites, fuzzing, the parsed
     sanitizer logs, stamped as a ``reliability`` record that hipkernel.record accepts."""
