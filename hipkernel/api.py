@@ -196,14 +196,16 @@ def flash_prefill_v3(backend, q, k, v, sink, out, *, B: int, Sq: int, Hq: int, H
     G = Hq // Hkv
     from hipkernel.backends import KernelArgs  # backends only once a launch is needed
 
-    def prepare(cfg: KernelConfig, mode: int):
-        """A zero-argument launcher of ``cfg``: compiled and its arguments packed once."""
+    def prepare(cfg: KernelConfig, mode: int, kv=(k, v, S_cap, past_len)):
+        """A zero-argument launcher of ``cfg`` (on the cache ``kv`` = (k, v, S_cap,
+        past_len)): compiled and its arguments packed once."""
+        kb, vb, cap, past = kv
         kern = backend.compile(kernel_source(cfg.path), kernel_defines(d, cfg, mutants), KERNEL_NAME)
         args = KernelArgs([
-            (ctypes.c_void_p, q), (ctypes.c_void_p, k), (ctypes.c_void_p, v),
+            (ctypes.c_void_p, q), (ctypes.c_void_p, kb), (ctypes.c_void_p, vb),
             (ctypes.c_void_p, sink if mode == 1 else 0), (ctypes.c_void_p, out),
             (ctypes.c_int32, Sq), (ctypes.c_int32, Hq), (ctypes.c_int32, Hkv),
-            (ctypes.c_int32, S_cap), (ctypes.c_int32, past_len), (ctypes.c_int32, window),
+            (ctypes.c_int32, cap), (ctypes.c_int32, past), (ctypes.c_int32, window),
             (ctypes.c_int32, mode), (ctypes.c_float, scale),
         ])
         grid, block = cfg.grid(Sq, Hq, B), (cfg.threads, 1, 1)
@@ -211,11 +213,13 @@ def flash_prefill_v3(backend, q, k, v, sink, out, *, B: int, Sq: int, Hq: int, H
 
     if config is None:
         key = tune_key(d=d, sq=Sq, Hq=Hq, G=G, window=window, dtype=dtype, arch=backend.arch)
-        # Tuning launches omit the sink: one FMA per row cannot reorder the candidates, and
-        # leaving it out keeps tuned configs comparable with the no-sink case.
-        config = TUNER.choose(key, lambda cfg: tune_times_ms(backend, prepare(cfg, 0)),
-                              candidates=candidates(backend.arch, d),
-                              default=default_config(backend.arch))
+        with TuningCache(backend, k, v, B=B, Hkv=Hkv, d=d, Sq=Sq, S_cap=S_cap,
+                         past_len=past_len) as kv:
+            # Tuning launches omit the sink: one FMA per row cannot reorder the candidates,
+            # and leaving it out keeps tuned configs comparable with the no-sink case.
+            config = TUNER.choose(key, lambda cfg: tune_times_ms(backend, prepare(cfg, 0, kv.get())),
+                                  candidates=candidates(backend.arch, d),
+                                  default=default_config(backend.arch))
     prepare(config, _SINK_MODES[sink_mode])()
     backend.synchronize()
     return 0
@@ -231,6 +235,53 @@ def flash_prefill_v3(backend, q, k, v, sink, out, *, B: int, Sq: int, Hq: int, H
 TUNE_BURST_MS = 1.0
 TUNE_BURST_MAX = 32
 TUNE_SAMPLES = 5
+
+
+# The KV length the sweep times the candidates at. The cache key leaves skv out (one sweep
+# for a whole chunked prefill), but the winner does depend on it where the KV is short:
+# measured on the H200 (reports/gpu/h200.json of the first run with the 32-rows-a-warp
+# configs), 512 rows at past_len 0 were fastest with mma_m4_b64 (0.0220 ms against 0.0226
+# for mma_m8_b64_w2: at short KV the grid's size decides), at past_len 8192 mma_m8_b64_w2
+# took 0.247 ms against 0.318 (the work per KV tile decides). A chunked prefill spends its
+# time in the long chunks, so a call with fewer than TUNE_MIN_KV keys is timed on a zeroed
+# scratch cache of TUNE_MIN_KV keys (the real cache is never read past skv). Zeroed keys and
+# values take the same time as real ones: the kernel has no data-dependent work.
+TUNE_MIN_KV = 4096
+TUNE_SCRATCH_MAX_BYTES = 256 * 2**20  # larger scratch (huge B x Hkv): time on the real cache
+
+
+class TuningCache:
+    """The KV cache a sweep times on: ``(k, v, S_cap, past_len)`` of the call when it has at
+    least :data:`TUNE_MIN_KV` keys, else a zeroed scratch cache of that many keys, allocated
+    at the first ``get()`` (only a sweep asks) and freed on exit."""
+
+    def __init__(self, backend, k, v, *, B: int, Hkv: int, d: int, Sq: int, S_cap: int, past_len: int):
+        self.backend, self.real = backend, (k, v, S_cap, past_len)
+        self.keys = TUNE_MIN_KV if past_len + Sq < TUNE_MIN_KV else None
+        self.nbytes = B * Hkv * (self.keys or 0) * d * 2  # fp16
+        if self.nbytes > TUNE_SCRATCH_MAX_BYTES:
+            self.keys = None
+        self.Sq = Sq
+        self.bufs: list = []
+
+    def get(self) -> tuple:
+        if self.keys is None:
+            return self.real
+        if not self.bufs:
+            for _ in range(2):
+                self.bufs.append(self.backend.alloc(self.nbytes))
+                self.backend.memset(self.bufs[-1], 0, self.nbytes)
+        return (self.bufs[0], self.bufs[1], self.keys, self.keys - self.Sq)
+
+    def __enter__(self) -> TuningCache:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.bufs:
+            self.backend.synchronize()  # the sweep's launches are done with them
+        for buf in self.bufs:
+            self.backend.free(buf)
+        self.bufs = []
 
 
 def tune_burst_length(probe_ms: float) -> int:

@@ -6,11 +6,15 @@ the mma path only on NVIDIA sm_80+), so the caller passes them per call; the key
 arch, so a cached winner is always one of its target's candidates.
 
 Key = (d, sq, Hq, G, window, dtype, arch). ``skv``/``past_len`` are deliberately NOT in
-the key: they only lengthen the KV loop, uniformly across candidates, so they cannot change
-which candidate wins. Keying on them made a chunked 16k prefill (32 chunks of 512) run 32
-sweeps in the seed PR; keyed this way it runs one, at the first and cheapest chunk. The
-window IS in the key: it caps the number of KV tiles a block walks, a different work profile
-that can change the winner.
+the key: keying on them made a chunked 16k prefill (32 chunks of 512) run 32 sweeps in the
+seed PR; keyed this way it runs one, at the first chunk. The window IS in the key: it caps
+the number of KV tiles a block walks, a different work profile that can change the winner.
+
+The KV length does change the winner where it is short (the H200 measured it: at 512 rows
+past 0 the grid's size decides, at past 8192 the work per KV tile does; see
+``api.TUNE_MIN_KV``). So the sweep does not time the first call's own cache when it is
+short: ``api.TuningCache`` times every candidate on a zeroed scratch cache of
+``api.TUNE_MIN_KV`` keys, the regime a chunked prefill spends its time in.
 
 Environment:
     HIPKERNEL_TUNE=0         no sweep; every key gets the default config (the caller's

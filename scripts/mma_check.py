@@ -266,10 +266,14 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--sections", default="matrix,time")
     ap.add_argument("--no-prewarm", action="store_true")
+    ap.add_argument("--prewarm-only", action="store_true",
+                    help="compile what the sections need into the disk cache, run nothing")
     args = ap.parse_args(argv)
     _SECTIONS.extend(args.sections.split(","))
     if not args.no_prewarm:
         prewarm(args.sections.split(","))
+    if args.prewarm_only:
+        return 0
     doc = {}
     for name in args.sections.split(","):
         t0 = time.perf_counter()

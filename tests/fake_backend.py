@@ -36,6 +36,10 @@ class RecordingBackend:
         self.calls.append(("alloc", nbytes))
         return ptr
 
+    def memset(self, ptr, byte, nbytes):
+        self.calls.append(("memset", ptr, byte, nbytes))
+        self._mem[ptr][:nbytes] = bytes([byte]) * nbytes
+
     def free(self, ptr):
         self.calls.append(("free", ptr))
         self._mem.pop(ptr)

@@ -189,3 +189,46 @@ def test_burst_timing_amortises_launch_latency():
                                       (9.0, 1), (0.0, 32), (float("nan"), 32)])
 def test_burst_length(probe, n):
     assert api.tune_burst_length(probe) == n
+
+
+# ---- the KV length a sweep times at (api.TuningCache) ------------------------------------
+
+def test_short_kv_is_tuned_on_a_zeroed_scratch_cache():
+    """A first call with fewer than TUNE_MIN_KV keys sweeps on a zeroed scratch cache of
+    TUNE_MIN_KV keys (freed afterwards); the real launch uses the caller's cache."""
+    be = RecordingBackend()
+    prefill_chunk(be, past_len=0, S_cap=512)
+    tuning = [l for l in be.launches if l["tuning"]]
+    real = [l for l in be.launches if not l["tuning"]]
+    scratch = {l["args"][1] for l in tuning} | {l["args"][2] for l in tuning}
+    assert len(scratch) == 2 and not scratch & {0x200, 0x300}
+    # args: q, k, v, sink, out, Sq, Hq, Hkv, S_cap, past_len, ...
+    assert {(l["args"][8], l["args"][9]) for l in tuning} == {(api.TUNE_MIN_KV, api.TUNE_MIN_KV - 512)}
+    assert [(l["args"][1], l["args"][2], l["args"][8], l["args"][9]) for l in real] == [(0x200, 0x300, 512, 0)]
+    nbytes = GEOM["B"] * GEOM["Hkv"] * api.TUNE_MIN_KV * GEOM["d"] * 2
+    assert [c for c in be.calls if c[0] == "alloc"] == [("alloc", nbytes)] * 2
+    assert {c[1:] for c in be.calls if c[0] == "memset"} == {(p, 0, nbytes) for p in scratch}
+    assert {c[1] for c in be.calls if c[0] == "free"} == scratch
+    last_free = max(i for i, c in enumerate(be.calls) if c[0] == "free")
+    first_real = be.calls.index(("launch", real[0]))
+    assert last_free < first_real and be.calls[last_free - 2][0] == "synchronize"
+    # the next chunk hits the cache: no sweep, no scratch
+    n_calls = len(be.calls)
+    prefill_chunk(be, past_len=512, S_cap=1024)
+    assert not [c for c in be.calls[n_calls:] if c[0] in ("alloc", "memset")]
+
+
+def test_long_kv_is_tuned_on_the_callers_cache():
+    be = RecordingBackend()
+    prefill_chunk(be, past_len=api.TUNE_MIN_KV, S_cap=api.TUNE_MIN_KV + 512)
+    tuning = [l for l in be.launches if l["tuning"]]
+    assert tuning and {(l["args"][1], l["args"][2], l["args"][9]) for l in tuning} == {(0x200, 0x300, api.TUNE_MIN_KV)}
+    assert not [c for c in be.calls if c[0] in ("alloc", "memset", "free")]
+
+
+def test_scratch_larger_than_the_cap_is_not_allocated():
+    be = RecordingBackend()
+    api.flash_prefill_v3(be, 0x100, 0x200, 0x300, 0, 0x500, B=256, Sq=16, Hq=64, Hkv=64, d=128,
+                         S_cap=16, past_len=0)  # 256 x 64 x 4096 x 128 x 2 bytes = 16 GiB
+    assert not [c for c in be.calls if c[0] == "alloc"]
+    assert {l["args"][1] for l in be.launches} == {0x200}

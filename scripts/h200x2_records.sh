@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The GPU records that change with the kernel, in one call on a 2-GPU H200 machine
+# (the device tool's kind nvidia-h200-x2), both GPUs busy at once:
+#   GPU 0  hipkernel.gpu_session --only matrix,mutants,measure,bench
+#          -> h200.json, mutants-h200.json, measure-h200.json, bench-h200.json
+#   GPU 1  scripts/mma_check.py --sections mutants,sweep (kill matrix with the mma configs
+#          forced, 16 and 32 rows a warp; kernel-only times of every mma config) -> mma_check.json
+# Every module both need is compiled first, in parallel, into one disk cache.
+#   OUT=dir bash scripts/h200x2_records.sh        (each part under its own time limit)
+set -u
+export PYTHONPATH=. PYTHONUNBUFFERED=1 HIPKERNEL_CACHE_DIR=${HIPKERNEL_CACHE_DIR:-/tmp/hkcache}
+: "${OUT:?set OUT to the output directory}"
+LIMIT=${LIMIT:-450}
+nvidia-smi --query-gpu=index,name,clocks.max.sm --format=csv > "$OUT/gpus.csv"
+t0=$(date +%s)
+python3 scripts/mma_check.py --sections records,mutants,sweep --prewarm-only > "$OUT/mma.log" 2>&1
+echo "prewarm: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/mma.log"
+(CUDA_VISIBLE_DEVICES=0 timeout "$LIMIT" python3 -m hipkernel.gpu_session --out "$OUT" \
+    --only matrix,mutants,measure,bench > "$OUT/session.log" 2>&1
+ echo "gpu_session rc=$? after $(( $(date +%s) - t0 )) s" >> "$OUT/session.log") &
+(CUDA_VISIBLE_DEVICES=1 timeout "$LIMIT" python3 scripts/mma_check.py --no-prewarm \
+    --sections mutants,sweep --out "$OUT" >> "$OUT/mma.log" 2>&1
+ echo "mma_check rc=$? after $(( $(date +%s) - t0 )) s" >> "$OUT/mma.log") &
+wait
+tail -n 3 "$OUT/session.log" "$OUT/mma.log"

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# compute-sanitizer over seed + extended and the records that depend on the tuner, in one call
+# on a 2-GPU H200 machine (the device tool's kind nvidia-h200-x2):
+#   GPU 1  racecheck over every case, cheapest first, until RACE_LIMIT s   -> racecheck.log
+#   GPU 0  memcheck (--leak-check full) over every case, cheapest first, until MEM_LIMIT s
+#          -> memcheck.log; then hipkernel.gpu_session --only matrix,measure,bench
+#   then   hipkernel.gpu_session --only reliability with both logs          -> reliability-h200.json
+# A log cut by its limit with nothing wrong in it is recorded as sanitizer_incomplete, with
+# the launches it checked (hipkernel.reliability.record_body).
+#   OUT=dir bash scripts/h200x2_reliability.sh
+set -u
+export PYTHONPATH=. PYTHONUNBUFFERED=1 HIPKERNEL_CACHE_DIR=${HIPKERNEL_CACHE_DIR:-/tmp/hkcache}
+: "${OUT:?set OUT to the output directory}"
+RACE_LIMIT=${RACE_LIMIT:-470}
+MEM_LIMIT=${MEM_LIMIT:-300}
+TARGET="python3 -m hipkernel.reliability --sanitize-target --suites seed,extended --cheapest-first"
+t0=$(date +%s)
+python3 scripts/mma_check.py --sections records --prewarm-only > "$OUT/session.log" 2>&1
+echo "prewarm done after $(( $(date +%s) - t0 )) s" >> "$OUT/session.log"
+(CUDA_VISIBLE_DEVICES=1 HIPKERNEL_TUNE=0 timeout -k 15 "$RACE_LIMIT" compute-sanitizer --tool racecheck \
+    --error-exitcode 3 $TARGET > "$OUT/racecheck.log" 2>&1
+ echo "racecheck exit $? after $(( $(date +%s) - t0 )) s" >> "$OUT/racecheck.log") &
+(CUDA_VISIBLE_DEVICES=0 HIPKERNEL_TUNE=0 timeout -k 15 "$MEM_LIMIT" compute-sanitizer --tool memcheck \
+    --leak-check full --error-exitcode 3 $TARGET > "$OUT/memcheck.log" 2>&1
+ echo "memcheck exit $? after $(( $(date +%s) - t0 )) s" >> "$OUT/memcheck.log"
+ CUDA_VISIBLE_DEVICES=0 python3 -m hipkernel.gpu_session --out "$OUT" --only matrix,measure,bench \
+    >> "$OUT/session.log" 2>&1
+ echo "gpu_session rc=$? after $(( $(date +%s) - t0 )) s" >> "$OUT/session.log") &
+wait
+CUDA_VISIBLE_DEVICES=0 python3 -m hipkernel.gpu_session --out "$OUT" --only reliability \
+    --sanitizer-logs "$OUT/memcheck.log" "$OUT/racecheck.log" >> "$OUT/session.log" 2>&1
+echo "reliability rc=$? after $(( $(date +%s) - t0 )) s" >> "$OUT/session.log"
+tail -n 2 "$OUT/memcheck.log" "$OUT/racecheck.log"; tail -n 4 "$OUT/session.log"
