@@ -20,11 +20,17 @@ lo = p(i0) - W + 1, so work is O(Sq * W) under a window, not O(Sq * Skv). The ma
 evaluated on the two triangles where it can bite (the causal edge and the window edge);
 columns in between are visible to every row of the block. No (Hq, Sq, Skv) tensor is ever
 built: peak scratch is bounded by ``_SCRATCH_BYTES`` per block.
+
+Threads: the (batch, KV head) pairs run on a thread pool of :func:`pool_threads` threads,
+``$REFATTN_THREADS`` when set, else ``min(8, os.cpu_count())``. The variable is read at each
+call, so a pytest-xdist worker that sets it after import (``refattn.sharding.pin_environment``
+gives each GPU worker its share of the host's CPUs) still takes it.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -35,7 +41,27 @@ from refattn.args import Attn, check_attention_args, check_dtype
 # Scratch budget for one block's score matrix (G x rows x keys). Sets the query block size.
 _SCRATCH_BYTES = 8 * 2**20
 _MIN_ROWS, _MAX_ROWS = 16, 512
-_THREADS = max(1, min(8, os.cpu_count() or 1))
+THREADS_ENV = "REFATTN_THREADS"
+_DEFAULT_THREADS = max(1, min(8, os.cpu_count() or 1))
+
+
+def parse_threads(value: str) -> int:
+    """``$REFATTN_THREADS`` as a thread count: an int >= 1, else ValueError naming it."""
+    try:
+        n = int(str(value).strip())
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"{THREADS_ENV}: expected an int >= 1, got {value!r}")
+    return n
+
+
+def pool_threads(environ: Mapping[str, str] | None = None) -> int:
+    """Threads the reference spreads heads over: ``$REFATTN_THREADS`` when set and not empty,
+    else ``min(8, os.cpu_count())``. ``environ`` defaults to ``os.environ``, read now."""
+    environ = os.environ if environ is None else environ
+    value = environ.get(THREADS_ENV, "")
+    return parse_threads(value) if value.strip() else _DEFAULT_THREADS
 
 
 def visible(p, j, window: int):
@@ -113,7 +139,7 @@ def _attention(a: Attn, q, k, v, dt: np.dtype, with_baseline: bool):
     # NumPy's ufuncs and BLAS release the GIL: heads run in parallel on the available cores.
     # BLAS is held to one thread meanwhile: its own threading on these mid-sized GEMMs costs
     # more than it gains (measured 15x slower on a loaded 2-core machine).
-    workers = min(len(jobs), _THREADS)
+    workers = min(len(jobs), pool_threads())
     with threadpool_limits(1, user_api="blas"):
         if workers > 1:
             with ThreadPoolExecutor(workers) as pool:

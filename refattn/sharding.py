@@ -15,6 +15,10 @@ This module holds the pure logic, importable without pytest or any GPU package:
   ``CUDA_VISIBLE_DEVICES`` / ``HIP_VISIBLE_DEVICES`` / ``ROCR_VISIBLE_DEVICES`` when set,
   else ``nvidia-smi -L``, else the KFD topology in sysfs (``/dev/kfd``) or ``rocm-smi``;
 * the worker -> device map (:func:`device_for_worker`) and the group key (:func:`group_key`);
+* the host's usable CPUs (:func:`usable_cpus`: the affinity mask capped by the cgroup CPU
+  quota) and each pinned worker's share of them (:func:`worker_threads`), which
+  :func:`pin_environment` puts in ``$REFATTN_THREADS`` so the workers' fp64 references do
+  not oversubscribe the host (``refattn.reference.pool_threads`` reads it);
 * the per-worker JSON-lines result files (``$REFATTN_RESULTS_DIR``) and their merge back into
   a :class:`refattn.runner.MatrixResult` (:func:`run_sharded`, behind ``refattn run --gpus``).
 
@@ -184,6 +188,110 @@ def visible_devices(env: Mapping[str, str] | None = None, *,
     return Devices(None, (), "none")
 
 
+# --------------------------------------------------------------------------- CPUs
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+PROC_CGROUP = Path("/proc/self/cgroup")
+
+
+def parse_cpu_max(text: str) -> float | None:
+    """CPUs allowed by a cgroup v2 ``cpu.max`` (``"$QUOTA $PERIOD"`` in microseconds):
+    ``"200000 100000"`` -> 2.0, ``"max 100000"`` -> None (no limit)."""
+    fields = text.split()
+    if len(fields) not in (1, 2):
+        raise ValueError(f"cpu.max: expected '$QUOTA $PERIOD', got {text!r}")
+    if fields[0] == "max":
+        return None
+    return _quota_cpus("cpu.max", fields[0], fields[1] if len(fields) == 2 else "100000")
+
+
+def parse_cfs_quota(quota: str, period: str) -> float | None:
+    """CPUs allowed by cgroup v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``: ``-1`` is no
+    limit (None), else quota / period."""
+    if quota.strip() == "-1":
+        return None
+    return _quota_cpus("cpu.cfs_quota_us", quota, period)
+
+
+def _quota_cpus(name: str, quota: str, period: str) -> float:
+    try:
+        q, p = int(quota), int(period)
+    except ValueError:
+        raise ValueError(f"{name}: expected integer quota and period, "
+                         f"got {quota!r} {period!r}") from None
+    if q <= 0 or p <= 0:
+        raise ValueError(f"{name}: expected quota and period > 0, got {q} {p}")
+    return q / p
+
+
+def parse_proc_cgroup(text: str) -> dict[str, str]:
+    """``/proc/self/cgroup`` as controller -> cgroup path; the v2 hierarchy (``0::/path``)
+    is under the key ``""``."""
+    paths: dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3:
+            for controller in parts[1].split(","):
+                paths[controller] = parts[2]
+    return paths
+
+
+def _up_to(base: Path, rel: str) -> list[Path]:
+    """``base/rel`` and each of its parents up to ``base``: a limit on any of them applies."""
+    here = base / rel.strip("/")
+    return [here, *[p for p in here.parents if p == base or base in p.parents]]
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+def _limit(parse, *paths: Path) -> float | None:
+    """``parse`` of the files' texts; None when a file is missing or unparsable."""
+    texts = [_read(p) for p in paths]
+    if any(t is None for t in texts):
+        return None
+    try:
+        return parse(*texts)
+    except ValueError:
+        return None
+
+
+def cgroup_cpu_limit(root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP) -> float | None:
+    """The tightest CPU quota on this process's cgroups, in CPUs (1.5 = one and a half), or
+    None when there is none: cgroup v2 ``cpu.max`` and cgroup v1 ``cpu.cfs_quota_us`` of its
+    own cgroup and every ancestor under ``root`` (in a container, ``root`` itself)."""
+    own = parse_proc_cgroup(_read(proc_cgroup) or "")
+    limits = [_limit(parse_cpu_max, d / "cpu.max") for d in _up_to(root, own.get("", "/"))]
+    for mount in ("cpu", "cpu,cpuacct", "cpuacct,cpu"):
+        for d in _up_to(root / mount, own.get("cpu", "/")):
+            limits.append(_limit(parse_cfs_quota, d / "cpu.cfs_quota_us", d / "cpu.cfs_period_us"))
+    found = [x for x in limits if x is not None]
+    return min(found) if found else None
+
+
+def affinity_cpus() -> int:
+    """CPUs this process may be scheduled on (its affinity mask; ``os.cpu_count`` where the
+    platform has no mask)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def cap_cpus(cpus: int, limit: float | None) -> int:
+    """``cpus`` capped by a quota of ``limit`` CPUs (rounded down, at least 1)."""
+    return cpus if limit is None else max(1, min(cpus, int(limit)))
+
+
+def usable_cpus(root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP) -> int:
+    """CPUs this process can really use: the affinity mask capped by the cgroup quota.
+    ``os.cpu_count()`` counts the host's CPUs and ignores both."""
+    return cap_cpus(affinity_cpus(), cgroup_cpu_limit(root, proc_cgroup))
+
+
 # --------------------------------------------------------------------------- workers
 
 def worker_index(worker_id: str | None) -> int | None:
@@ -203,17 +311,52 @@ def device_for_worker(worker_id: str | None, devices: Devices | Iterable[str]) -
     return devs[i % len(devs)]
 
 
+def worker_threads(workers: int, environ: Mapping[str, str] | None = None,
+                   cpus: int | None = None) -> str:
+    """``$REFATTN_THREADS`` of a pinned worker: the user's value when set, else its share of
+    the host, ``max(1, cpus // workers)`` with ``cpus`` = :func:`usable_cpus` by default."""
+    from refattn.reference import THREADS_ENV
+
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers: expected an int >= 1, got {workers!r}")
+    environ = os.environ if environ is None else environ
+    if environ.get(THREADS_ENV, "").strip():
+        return environ[THREADS_ENV]
+    return str(max(1, (usable_cpus() if cpus is None else cpus) // workers))
+
+
+def threads_note(workers: int, environ: Mapping[str, str] | None = None,
+                 cpus: int | None = None) -> str:
+    """The pytest header's account of :func:`worker_threads`, e.g.
+    ``REFATTN_THREADS=4 per worker (8 usable CPUs / 2 workers)``."""
+    from refattn.reference import THREADS_ENV
+
+    environ = os.environ if environ is None else environ
+    value = worker_threads(workers, environ, cpus)
+    if environ.get(THREADS_ENV, "").strip():
+        return f"{THREADS_ENV}={value} per worker (set by the user)"
+    cpus = usable_cpus() if cpus is None else cpus
+    return f"{THREADS_ENV}={value} per worker ({cpus} usable CPUs / {workers} workers)"
+
+
 def pin_environment(worker_id: str | None, devices: Devices,
-                    environ: dict | None = None) -> str | None:
+                    environ: dict | None = None, *, workers: int | None = None,
+                    cpus: int | None = None) -> str | None:
     """Pin this worker process: set ``devices.var`` to its device and ``HIPKERNEL_DEVICE=0``
     in ``environ`` (default ``os.environ``). Must run before a runtime initialises (CUDA and
-    HIP read the variable once, at init). Returns the device, or None (nothing changed)."""
+    HIP read the variable once, at init). With ``workers`` (xdist's worker count) it also
+    sets ``$REFATTN_THREADS`` to :func:`worker_threads` unless the user set it. Returns the
+    device, or None (nothing changed)."""
     environ = os.environ if environ is None else environ
     dev = device_for_worker(worker_id, devices)
     if dev is None or devices.var is None:
         return None
     environ[devices.var] = dev
     environ["HIPKERNEL_DEVICE"] = "0"  # the only device the worker sees now
+    if workers is not None:
+        from refattn.reference import THREADS_ENV
+
+        environ[THREADS_ENV] = worker_threads(workers, environ, cpus)
     return dev
 
 

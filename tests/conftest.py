@@ -128,18 +128,20 @@ def suite_dir(tmp_path, monkeypatch):
 # ``pytest -n N --dist loadgroup`` (pytest-xdist): the controller counts the visible devices
 # without initialising CUDA/HIP (refattn.sharding.visible_devices: $CUDA_VISIBLE_DEVICES,
 # $HIP_VISIBLE_DEVICES, ``nvidia-smi -L``, the KFD topology) and hands the list to every
-# worker; worker gwN sets CUDA_VISIBLE_DEVICES (or HIP_VISIBLE_DEVICES) to the N-th entry and
-# HIPKERNEL_DEVICE=0 in pytest_configure. That is early enough: before it, a worker has only
-# imported pytest, its plugins and this file (whose top level imports nothing of refattn,
-# hipkernel or cuda); test modules are imported at collection, after configure; and even an
-# imported cuda-bindings reads the variable only at cuInit, which hipkernel.backends does
-# lazily on the first get_backend(). ``-n auto`` is the device count when a GPU kernel is
-# selected (xdist's CPU count otherwise). With $REFATTN_RESULTS_DIR set, every matrix case
-# appends its judged Result as a JSON line to a per-worker file there (``refattn run --gpus``
-# merges them).
+# worker; worker gwN sets CUDA_VISIBLE_DEVICES (or HIP_VISIBLE_DEVICES) to the N-th entry,
+# HIPKERNEL_DEVICE=0 and, unless already set, REFATTN_THREADS to its share of the host's
+# usable CPUs (the size of the fp64 reference's thread pool, so N workers do not oversubscribe
+# the host; the header line reports it) in pytest_configure. That is early enough: before it,
+# a worker has only imported pytest, its plugins and this file (whose top level imports
+# nothing of refattn, hipkernel or cuda); test modules are imported at collection, after
+# configure; and even an imported cuda-bindings reads the variable only at cuInit, which
+# hipkernel.backends does lazily on the first get_backend(). ``-n auto`` is the device count
+# when a GPU kernel is selected (xdist's CPU count otherwise). With $REFATTN_RESULTS_DIR set,
+# every matrix case appends its judged Result as a JSON line to a per-worker file there
+# (``refattn run --gpus`` merges them).
 
 _DEVICES = None  # the controller's visible devices (refattn.sharding.Devices), computed once
-_PINNED: dict = {}  # this worker's pin: worker, var, device
+_PINNED: dict = {}  # this worker's pin: worker, var, device, threads
 
 
 def _visible_devices():
@@ -190,8 +192,9 @@ def _pin_worker(config, workerinput) -> None:
         config.issue_config_time_warning(pytest.PytestConfigWarning(
             f"refattn: a GPU backend initialised in worker {wid} before its device was pinned; "
             f"{devices.var} may not take effect"), stacklevel=2)
-    dev = pin_environment(wid, devices)
-    _PINNED.update(worker=wid, var=devices.var if dev is not None else None, device=dev)
+    dev = pin_environment(wid, devices, workers=workerinput.get("workercount"))
+    _PINNED.update(worker=wid, var=devices.var if dev is not None else None, device=dev,
+                   threads=os.environ.get("REFATTN_THREADS") if dev is not None else None)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -208,14 +211,14 @@ def pytest_report_header(config):
     n = getattr(config.option, "numprocesses", None)
     if getattr(config, "workerinput", None) is not None or not n or not isinstance(n, int):
         return None
-    from refattn.sharding import device_for_worker
+    from refattn.sharding import device_for_worker, threads_note
 
     d = _visible_devices()
     if not len(d):
         return f"refattn: no GPU visible ({d.source}); workers are not pinned"
     plan = ", ".join(f"gw{i}->{device_for_worker(f'gw{i}', d)}" for i in range(min(n, 8)))
     lines = [f"refattn: {len(d)} device(s) from {d.source}; {d.var}: {plan}"
-             + (" ..." if n > 8 else "")]
+             + (" ..." if n > 8 else "") + f"; {threads_note(n)}"]
     if config.getoption("dist", "no") != "loadgroup":
         lines.append("refattn: add --dist loadgroup to keep each autotune key on one worker")
     return lines
