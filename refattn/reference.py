@@ -42,7 +42,8 @@ from refattn.args import Attn, check_attention_args, check_dtype
 _SCRATCH_BYTES = 8 * 2**20
 _MIN_ROWS, _MAX_ROWS = 16, 512
 THREADS_ENV = "REFATTN_THREADS"
-_DEFAULT_THREADS = max(1, min(8, os.cpu_count() or 1))
+MAX_DEFAULT_THREADS = 8  # more threads than this cost more than they gain on these blocks
+_DEFAULT_THREADS = max(1, min(MAX_DEFAULT_THREADS, os.cpu_count() or 1))
 
 
 def parse_threads(value: str) -> int:

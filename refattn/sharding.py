@@ -314,15 +314,18 @@ def device_for_worker(worker_id: str | None, devices: Devices | Iterable[str]) -
 def worker_threads(workers: int, environ: Mapping[str, str] | None = None,
                    cpus: int | None = None) -> str:
     """``$REFATTN_THREADS`` of a pinned worker: the user's value when set, else its share of
-    the host, ``max(1, cpus // workers)`` with ``cpus`` = :func:`usable_cpus` by default."""
-    from refattn.reference import THREADS_ENV
+    the host, ``max(1, cpus // workers)`` with ``cpus`` = :func:`usable_cpus` by default,
+    capped at the reference's default cap (8): on the 2-GPU H200 host (32 CPUs) one worker
+    at 32 threads ran the GPU fuzz shards slower than at 8."""
+    from refattn.reference import MAX_DEFAULT_THREADS, THREADS_ENV
 
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers: expected an int >= 1, got {workers!r}")
     environ = os.environ if environ is None else environ
     if environ.get(THREADS_ENV, "").strip():
         return environ[THREADS_ENV]
-    return str(max(1, (usable_cpus() if cpus is None else cpus) // workers))
+    share = (usable_cpus() if cpus is None else cpus) // workers
+    return str(max(1, min(MAX_DEFAULT_THREADS, share)))
 
 
 def threads_note(workers: int, environ: Mapping[str, str] | None = None,
@@ -357,7 +360,25 @@ def pin_environment(worker_id: str | None, devices: Devices,
         from refattn.reference import THREADS_ENV
 
         environ[THREADS_ENV] = worker_threads(workers, environ, cpus)
+        limit_native_threads(int(environ[THREADS_ENV]), environ)
     return dev
+
+
+NATIVE_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def limit_native_threads(n: int, environ: dict | None = None) -> None:
+    """Hold BLAS/OpenMP pools of this worker to ``n`` threads: the variables for libraries
+    not loaded yet (unless the user set them), threadpoolctl for those already loaded.
+    Otherwise every worker's OpenBLAS starts one (spinning) thread per host CPU, and N
+    workers oversubscribe the host N times over."""
+    environ = os.environ if environ is None else environ
+    for var in NATIVE_THREAD_VARS:
+        environ.setdefault(var, str(n))
+    if environ is os.environ:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(n)
 
 
 def auto_num_workers(gpu_kernels: bool, devices: Devices, env: Mapping[str, str] | None = None) -> int | None:

@@ -72,3 +72,21 @@ def test_summary_is_one_line():
 def test_shape_mismatch_names_argument():
     with pytest.raises(ValueError, match="^actual"):
         rel_l2(np.zeros(3), np.zeros(4))
+
+
+def test_rel_l2_does_not_depend_on_the_blas_thread_count():
+    """A sharded run (workers hold BLAS to their share of the CPUs) and a local one must
+    report the same bits; BLAS dot splits its sum by thread count, NumPy's sum does not."""
+    from threadpoolctl import threadpool_limits
+
+    from refattn.metrics import rel_l2
+
+    rng = np.random.default_rng(3)
+    e = rng.standard_normal(2_000_003)
+    a = e + 1e-3 * rng.standard_normal(e.size)
+    results = set()
+    for n in (1, 2, 4):
+        with threadpool_limits(n):
+            results.add(rel_l2(a, e))
+    assert len(results) == 1
+    assert results.pop() == pytest.approx(np.linalg.norm(a - e) / np.linalg.norm(e), rel=1e-12)

@@ -161,7 +161,12 @@ def test_pin_gives_each_worker_its_share_of_the_cpus():
     devs = S.Devices("CUDA_VISIBLE_DEVICES", ("0", "1"))
     env = {}
     assert S.pin_environment("gw1", devs, env, workers=2, cpus=8) == "1"
-    assert env == {"CUDA_VISIBLE_DEVICES": "1", "HIPKERNEL_DEVICE": "0", "REFATTN_THREADS": "4"}
+    assert env == {"CUDA_VISIBLE_DEVICES": "1", "HIPKERNEL_DEVICE": "0", "REFATTN_THREADS": "4",
+                   "OMP_NUM_THREADS": "4", "OPENBLAS_NUM_THREADS": "4", "MKL_NUM_THREADS": "4"}
+    env = {"OMP_NUM_THREADS": "7"}
+    S.pin_environment("gw0", devs, env, workers=1, cpus=32)
+    assert env["REFATTN_THREADS"] == "8"  # capped at the reference's default cap
+    assert env["OMP_NUM_THREADS"] == "7" and env["OPENBLAS_NUM_THREADS"] == "8"  # the user's stands
     env = {}
     S.pin_environment("gw0", devs, env, workers=3, cpus=8)
     assert env["REFATTN_THREADS"] == "2"
