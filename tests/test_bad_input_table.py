@@ -252,6 +252,10 @@ HIPKERNEL_BAD = [
     ("config-bkv-48", "config: bkv: expected one of (16, 32, 64, 128), got 48", _set(config={"bkv": 48})),
     ("config-path-unknown", "config: path: expected one of ('scalar', 'mma'), got 'wmma'",
      _set(config={"path": "wmma"})),
+    ("config-warp-m-scalar", "config: warp_m: 2 row groups a warp needs path 'mma'",
+     _set(config={"warp_m": 2})),
+    ("config-warp-m-3", "config: warp_m: expected one of (1, 2), got 3",
+     _set(config={"path": "mma", "warp_m": 3})),
     ("backend-unknown-name", "backend: unknown backend 'nope' (have cuda, hip)", _set(backend="nope")),
 ]
 
