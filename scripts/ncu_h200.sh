@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Nsight Compute on the H200: what limits the autotuned configs on the bench shapes that
+# miss their targets. One report per shape (the third launch of the config: two warm-ups).
+#   OUT=dir bash scripts/ncu_h200.sh
+set -u
+export PYTHONPATH=. PYTHONUNBUFFERED=1 HIPKERNEL_CACHE_DIR=${HIPKERNEL_CACHE_DIR:-/tmp/hkcache}
+: "${OUT:?set OUT to the output directory}"
+SECTIONS="--section SpeedOfLight --section Occupancy --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section LaunchStats"
+METRICS="--metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum.pct_of_peak_sustained_elapsed,smsp__warp_issue_stalled_barrier_per_warp_active.pct,smsp__warp_issue_stalled_short_scoreboard_per_warp_active.pct,smsp__warp_issue_stalled_math_pipe_throttle_per_warp_active.pct,smsp__warp_issue_stalled_long_scoreboard_per_warp_active.pct,smsp__warp_issue_stalled_mio_throttle_per_warp_active.pct"
+for spec in "gptoss-512@8192 mma_m8_b64_w2" "gptoss-16384@0 mma_m8_b64_w2" "gptoss-16384@0-w128 mma_m4_b32" "d128-512@8192 mma_m4_b32"; do
+  set -- $spec
+  echo "== $1 $2"
+  timeout 100 ncu --clock-control none $SECTIONS -k gqa_flash_prefill -s 2 -c 1 \
+      python3 scripts/ncu_profile.py "$1" --config "$2" > "$OUT/ncu-$1.txt" 2>&1
+  echo "ncu sections exit $?"
+  timeout 100 ncu --clock-control none $METRICS -k gqa_flash_prefill -s 2 -c 1 \
+      python3 scripts/ncu_profile.py "$1" --config "$2" > "$OUT/ncu-metrics-$1.txt" 2>&1
+  echo "ncu metrics exit $?"
+  grep -E "Duration|Throughput|Achieved Occupancy|Registers Per|hmma|pipe_xu|mem_shared|stalled" \
+      "$OUT/ncu-$1.txt" "$OUT/ncu-metrics-$1.txt" | sed 's/^[^:]*://' | head -24
+done

@@ -1,0 +1,46 @@
+"""Launch the fused kernel on one bench shape a few times, for Nsight Compute to profile:
+
+    ncu --clock-control none --section SpeedOfLight --section Occupancy \
+        --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+        -k gqa_flash_prefill -s 2 -c 1 \
+        python3 scripts/ncu_profile.py gptoss-512@8192 [--config mma_m8_b64_w2]
+
+Shapes are ``hipkernel.bench`` shape names. The config defaults to the one the autotuner
+picks (the sweep's own launches run first; ``-s`` skips them only when you count them, so
+give ``--config`` to profile exactly one config: then the launches are 2 warm-up + 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv=None) -> int:
+    from hipkernel.backends import get_backend
+    from hipkernel.bench import parse_shape
+    from hipkernel.reliability import config_from_name
+    from hipkernel.timing import Resident
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("shape", help="a hipkernel.bench shape name, e.g. gptoss-512@8192 or gptoss-16384@0-w128")
+    ap.add_argument("--config", default=None, help="a config name (e.g. mma_m8_b64_w2); default: autotuned")
+    ap.add_argument("--launches", type=int, default=3)
+    args = ap.parse_args(argv)
+    shape = parse_shape(args.shape)
+    g = shape.geometry
+    cfg = config_from_name(args.config) if args.config else None
+    be = get_backend("cuda")
+    r = Resident(be, B=g["B"], Sq=shape.sq, Hq=g["Hq"], Hkv=g["Hkv"], d=g["d"], past_len=shape.past_len)
+    try:
+        for _ in range(args.launches):
+            r.launch(window=shape.window, config=cfg)
+        be.synchronize()
+    finally:
+        r.free()
+    print(f"{args.shape}: {args.launches} launches of {args.config or 'the autotuned config'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
