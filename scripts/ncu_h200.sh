@@ -11,11 +11,11 @@ for spec in "gptoss-512@8192 mma_m8_b64_w2" "gptoss-16384@0 mma_m8_b64_w2" "gpto
   set -- $spec
   echo "== $1 $2"
   timeout 100 ncu --clock-control none $SECTIONS -k gqa_flash_prefill -s 2 -c 1 \
-      python3 scripts/ncu_profile.py "$1" --config "$2" > "$OUT/ncu-$1.txt" 2>&1
+      python3 scripts/ncu_profile.py "$1" --config "$2" > "$OUT/ncu-${1//@/_at_}.txt" 2>&1
   echo "ncu sections exit $?"
   timeout 100 ncu --clock-control none $METRICS -k gqa_flash_prefill -s 2 -c 1 \
-      python3 scripts/ncu_profile.py "$1" --config "$2" > "$OUT/ncu-metrics-$1.txt" 2>&1
+      python3 scripts/ncu_profile.py "$1" --config "$2" > "$OUT/ncu-metrics-${1//@/_at_}.txt" 2>&1
   echo "ncu metrics exit $?"
   grep -E "Duration|Throughput|Achieved Occupancy|Registers Per|hmma|pipe_xu|mem_shared|stalled" \
-      "$OUT/ncu-$1.txt" "$OUT/ncu-metrics-$1.txt" | sed 's/^[^:]*://' | head -24
+      "$OUT/ncu-${1//@/_at_}.txt" "$OUT/ncu-metrics-${1//@/_at_}.txt" | sed 's/^[^:]*://' | head -24
 done
