@@ -239,10 +239,11 @@ TUNE_SAMPLES = 5
 
 # The KV length the sweep times the candidates at. The cache key leaves skv out (one sweep
 # for a whole chunked prefill), but the winner does depend on it where the KV is short:
-# measured on the H200 (reports/gpu/h200.json of the first run with the 32-rows-a-warp
-# configs), 512 rows at past_len 0 were fastest with mma_m4_b64 (0.0220 ms against 0.0226
-# for mma_m8_b64_w2: at short KV the grid's size decides), at past_len 8192 mma_m8_b64_w2
-# took 0.247 ms against 0.318 (the work per KV tile decides). A chunked prefill spends its
+# measured on the H200 in the first run with the 32-rows-a-warp configs, 512 rows at
+# past_len 0 were fastest with mma_m4_b64 (0.0220 ms against 0.0226 for mma_m8_b64_w2, the
+# sweep of that run's matrix: at short KV the grid's size decides), at past_len 8192
+# mma_m8_b64_w2 took 0.247 ms against 0.318 (reports/gpu/mma-check-h200.json, "sweep": the
+# work per KV tile decides). A chunked prefill spends its
 # time in the long chunks, so a call with fewer than TUNE_MIN_KV keys is timed on a zeroed
 # scratch cache of TUNE_MIN_KV keys (the real cache is never read past skv). Zeroed keys and
 # values take the same time as real ones: the kernel has no data-dependent work.
