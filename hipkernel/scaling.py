@@ -12,12 +12,13 @@ Issue #9 asks for a speed-up of at least 1.8x on two H200s. The first measuremen
   process compiles every module the runs can need (each head dim of ``config.HEAD_DIMS`` x
   each config of ``config.candidates(arch)``) into the disk cache, and that warm-up is timed
   on its own. It runs in a child so that this process holds no GPU context during the runs.
-* The host's CPUs. Every worker checks the kernel against the fp64 reference, which runs a
-  thread pool of ``min(8, os.cpu_count())`` threads; N workers oversubscribe a host whose
-  cgroup quota is below ``os.cpu_count()``. Pinned workers now take
-  ``REFATTN_THREADS = usable CPUs // N`` (``refattn.sharding.worker_threads``); the record
-  keeps ``os.cpu_count``, the affinity mask, the cgroup quota, the load average and each
-  run's thread count.
+* The host's CPUs. Every worker checks the kernel against the fp64 reference (a thread pool)
+  and NumPy (OpenBLAS: by default one spinning thread per host CPU, in every worker).
+  Pinned workers now take ``REFATTN_THREADS = min(8, usable CPUs // N)`` and hold BLAS and
+  OpenMP to the same share (``refattn.sharding.pin_environment``); the record keeps
+  ``os.cpu_count``, the affinity mask, the cgroup quota, the load average and each run's
+  thread count. Measured on 2 H200s (32 CPUs): with only the compile cache warmed, 1.20x
+  and every test 1.62x slower in parallel; with the BLAS share as well, 1.84x and 1.03x.
 
 Each run is a subprocess, ``python -m pytest tests/test_matrix.py tests/test_fuzz.py -m gpu
 --kernel hipkernel --suite ... -n N --dist loadgroup --junitxml DIR/junit-nN.xml`` with
