@@ -60,7 +60,6 @@ two agree to fp32 rounding, not bitwise.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -69,12 +68,13 @@ import numpy as np
 from hipkernel.config import DEFAULT, HEAD_DIMS, KernelConfig
 from refattn.args import check_attention_args
 from refattn.mutants import MUTANTS
+from refattn.sharding import affinity_cpus
 
 LOG2E = np.float32(1.4426950408889634)  # exp(x) = exp2(x * LOG2E)
 _NEG_INF = np.float32(-np.inf)
 _F32 = np.float32
 _MUTANT_NAMES = frozenset(m.name for m in MUTANTS)
-_CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+_CPUS = affinity_cpus()
 _N_WORKERS = max(1, min(4, _CPUS))  # threads over Q tiles (see _run)
 _SINK_MODE = {"none": 0, "per_head": 1, "smooth": 2}  # the kernel's sink_mode argument
 

@@ -335,10 +335,10 @@ def threads_note(workers: int, environ: Mapping[str, str] | None = None,
     from refattn.reference import THREADS_ENV
 
     environ = os.environ if environ is None else environ
-    value = worker_threads(workers, environ, cpus)
     if environ.get(THREADS_ENV, "").strip():
-        return f"{THREADS_ENV}={value} per worker (set by the user)"
+        return f"{THREADS_ENV}={environ[THREADS_ENV]} per worker (set by the user)"
     cpus = usable_cpus() if cpus is None else cpus
+    value = worker_threads(workers, environ, cpus)
     return f"{THREADS_ENV}={value} per worker ({cpus} usable CPUs / {workers} workers)"
 
 
@@ -357,10 +357,10 @@ def pin_environment(worker_id: str | None, devices: Devices,
     environ[devices.var] = dev
     environ["HIPKERNEL_DEVICE"] = "0"  # the only device the worker sees now
     if workers is not None:
-        from refattn.reference import THREADS_ENV
+        from refattn.reference import THREADS_ENV, parse_threads
 
         environ[THREADS_ENV] = worker_threads(workers, environ, cpus)
-        limit_native_threads(int(environ[THREADS_ENV]), environ)
+        limit_native_threads(parse_threads(environ[THREADS_ENV]), environ)
     return dev
 
 

@@ -141,7 +141,7 @@ def suite_dir(tmp_path, monkeypatch):
 # (``refattn run --gpus`` merges them).
 
 _DEVICES = None  # the controller's visible devices (refattn.sharding.Devices), computed once
-_PINNED: dict = {}  # this worker's pin: worker, var, device, threads
+_PINNED: dict = {}  # this worker's pin: worker, var, device
 
 
 def _visible_devices():
@@ -193,8 +193,7 @@ def _pin_worker(config, workerinput) -> None:
             f"refattn: a GPU backend initialised in worker {wid} before its device was pinned; "
             f"{devices.var} may not take effect"), stacklevel=2)
     dev = pin_environment(wid, devices, workers=workerinput.get("workercount"))
-    _PINNED.update(worker=wid, var=devices.var if dev is not None else None, device=dev,
-                   threads=os.environ.get("REFATTN_THREADS") if dev is not None else None)
+    _PINNED.update(worker=wid, var=devices.var if dev is not None else None, device=dev)
 
 
 @pytest.hookimpl(tryfirst=True)

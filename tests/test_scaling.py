@@ -176,6 +176,8 @@ def test_pin_gives_each_worker_its_share_of_the_cpus():
     env = {"REFATTN_THREADS": "5"}
     S.pin_environment("gw0", devs, env, workers=2, cpus=8)
     assert env["REFATTN_THREADS"] == "5"  # the user's choice stands
+    with pytest.raises(ValueError, match="^REFATTN_THREADS"):  # ... when it is a thread count
+        S.pin_environment("gw0", devs, {"REFATTN_THREADS": "many"}, workers=2, cpus=8)
     env = {}
     S.pin_environment("gw0", devs, env)  # no worker count: as before, devices only
     assert "REFATTN_THREADS" not in env
@@ -210,12 +212,13 @@ def test_conftest_pin_worker_reads_xdists_worker_count(monkeypatch):
         monkeypatch.setenv(var, "placeholder")
         monkeypatch.delenv(var)
     monkeypatch.setenv("REFATTN_FAKE_GPUS", "2")
+    native = []  # the BLAS/OpenMP limit, recorded: applied for real it would outlive this test
+    monkeypatch.setattr(S, "limit_native_threads", lambda n, environ=None: native.append(n))
     conftest._pin_worker(_Config(), {"workerid": "gw1", "workercount": 2})
-    share = str(max(1, S.usable_cpus() // 2))
+    share = S.worker_threads(2, {}, S.usable_cpus())
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "1"
-    assert os.environ["REFATTN_THREADS"] == share
-    assert conftest._PINNED == {"worker": "gw1", "var": "CUDA_VISIBLE_DEVICES", "device": "1",
-                                "threads": share}
+    assert os.environ["REFATTN_THREADS"] == share and native == [int(share)]
+    assert conftest._PINNED == {"worker": "gw1", "var": "CUDA_VISIBLE_DEVICES", "device": "1"}
 
 
 def test_worker_probe():
