@@ -29,14 +29,15 @@ from pathlib import Path
 import numpy as np
 
 from hipkernel.autotune import TUNER, tune_key
-from hipkernel.config import (DEFAULT, HEAD_DIMS, MMA_MIN_SM, KernelConfig, candidates,
-                              default_config, has_mma)
+from hipkernel.config import (DEFAULT, HEAD_DIMS, MMA_MIN_SM, WGMMA_SM, KernelConfig,
+                              candidates, default_config, has_mma, has_wgmma)
 from refattn.args import check_attention_args
 from refattn.mutants import by_name as _mutant_by_name
 
 KERNEL_DIR = Path(__file__).parent / "kernels"
 KERNEL_FILE = KERNEL_DIR / "gqa_flash_prefill.hip"  # the scalar path
-KERNEL_FILES = {"scalar": KERNEL_FILE, "mma": KERNEL_DIR / "gqa_flash_prefill_mma.hip"}
+KERNEL_FILES = {"scalar": KERNEL_FILE, "mma": KERNEL_DIR / "gqa_flash_prefill_mma.hip",
+                "wgmma": KERNEL_DIR / "gqa_flash_prefill_wgmma.hip"}
 KERNEL_NAME = "gqa_flash_prefill"  # the entry point of every path
 SUPPORTED_DTYPES = ("fp16",)
 _SINK_MODES = {"none": 0, "per_head": 1, "smooth": 2}
@@ -46,7 +47,7 @@ _SINK_MODES = {"none": 0, "per_head": 1, "smooth": 2}
 
 @lru_cache(maxsize=None)
 def kernel_source(path: str = "scalar") -> str:
-    """The kernel of ``path`` ("scalar" or "mma", see ``hipkernel.config``) as one translation
+    """The kernel of ``path`` ("scalar", "mma" or "wgmma", see ``hipkernel.config``) as one translation
     unit: ``#include "x.h"`` of files beside it are inlined, so every compiler (NVRTC, hiprtc,
     clang) sees the same text and needs no include path."""
     if path not in KERNEL_FILES:
@@ -150,6 +151,9 @@ def _check_config_for(config: KernelConfig | None, arch: str, d: int | None = No
     if config is not None and config.path == "mma" and not has_mma(arch):
         raise ValueError(f"config: path 'mma' needs an NVIDIA sm_{MMA_MIN_SM}+ GPU, the backend "
                          f"targets {arch}")
+    if config is not None and config.path == "wgmma" and not has_wgmma(arch):
+        raise ValueError(f"config: path 'wgmma' needs an NVIDIA sm_{WGMMA_SM} (Hopper) GPU, the "
+                         f"backend targets {arch}")
 
 
 # --------------------------------------------------------------------------- device level

@@ -59,7 +59,7 @@ from pathlib import Path
 from hipkernel.backends import (BackendUnavailable, CompileError, CompileResult, define_flags,
                                 summarize_usage)
 
-DEFAULT_TARGETS = ("sm_90", "sm_80", "gfx90a", "gfx1030", "gfx1151", "gfx942")
+DEFAULT_TARGETS = ("sm_90a", "sm_90", "sm_80", "gfx90a", "gfx1030", "gfx1151", "gfx942")
 TOOLS = ("nvrtc", "hiprtc", "clang")
 AMD_SPILL_KEYS = ("vgpr_spill", "sgpr_spill")
 
@@ -298,14 +298,14 @@ def kernel_variants(mutants: bool = False) -> list[Variant]:
     branch of both files compiles)."""
     from hipkernel import api
     from hipkernel.config import (DEFAULT, HEAD_DIMS, MMA_DEFAULT, MMA_WIDE_CANDIDATES,
-                                  WIDE_HEAD_DIMS, compiled_variants)
+                                  WGMMA_CANDIDATES, WIDE_HEAD_DIMS, compiled_variants)
 
     out = [Variant(d, cfg.name, api.kernel_defines(d, cfg), cfg.path)
            for d, cfg in compiled_variants()]
     if mutants:
         from refattn.mutants import MUTANTS
 
-        defaults = [(cfg, d) for cfg in (DEFAULT, MMA_DEFAULT) for d in HEAD_DIMS]
+        defaults = [(cfg, d) for cfg in (DEFAULT, MMA_DEFAULT, WGMMA_CANDIDATES[0]) for d in HEAD_DIMS]
         defaults += [(MMA_WIDE_CANDIDATES[0], d) for d in WIDE_HEAD_DIMS]
         out += [Variant(d, f"{cfg.name}+{m.name}", api.kernel_defines(d, cfg, {m.name}), cfg.path)
                 for cfg, d in defaults for m in MUTANTS]
@@ -313,9 +313,12 @@ def kernel_variants(mutants: bool = False) -> list[Variant]:
 
 
 def _compiles_for(v: Variant, target: str) -> bool:
-    """Whether variant ``v`` is meant for ``target``: scalar everywhere, mma on sm_80+."""
-    from hipkernel.config import has_mma
+    """Whether variant ``v`` is meant for ``target``: scalar everywhere, mma on sm_80+,
+    wgmma on sm_90a only (the target the CUDA backend compiles for on an sm_90 device)."""
+    from hipkernel.config import WGMMA_TARGET, has_mma
 
+    if v.path == "wgmma":
+        return target == WGMMA_TARGET
     return v.path == "scalar" or has_mma(target)
 
 

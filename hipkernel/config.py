@@ -5,14 +5,18 @@ One kernel binary per (path, HEAD_DIM, M_TILES, BKV, WARP_M) (docs/ARCHITECTURE.
     path    = "scalar"         kernels/gqa_flash_prefill.hip: fp32 FMAs, every GPU (AMD, NVIDIA)
               "mma"            kernels/gqa_flash_prefill_mma.hip: tensor cores (mma.sync
                                m16n8k16), NVIDIA sm_80 and newer only
+              "wgmma"          kernels/gqa_flash_prefill_wgmma.hip: Hopper warpgroup MMA
+                               (wgmma.mma_async), NVIDIA sm_90 devices only (compiled for
+                               sm_90a); a warpgroup of 4 warps per 64 rows, so m_tiles is 4 or 8
     BM      = 16 * M_TILES     query rows per block (one Q tile of one head)
     threads = 32 * M_TILES     scalar: each query row is owned by a pair of adjacent lanes;
               / WARP_M         mma: each warp owns 16 * WARP_M rows (WARP_M = 1 or 2; with 2
-                               every K/V fragment read from shared memory feeds two MMAs)
+                               every K/V fragment read from shared memory feeds two MMAs);
+                               wgmma: each warp 16 rows, each warpgroup 64
     grid    = (ceil(Sq / BM), Hq, B)
     BKV                        keys per KV tile, staged in static shared memory
 
-Both paths share the ABI and the launch geometry; only the source file differs.
+All paths share the ABI and the launch geometry; only the source file differs.
 
 The CPU model (`hipkernel.model`) walks the same tiles, so a config changes its rounding
 exactly as it changes the kernel's.
@@ -32,8 +36,14 @@ SMEM_LIMIT = 48 * 1024
 _M_TILES = (1, 2, 4, 8)  # 32..256 threads a block
 _BKV = (16, 32, 64, 128)  # the kernel needs a power of two
 _WARP_M = (1, 2)  # 16-row groups per warp (mma path)
-PATHS = ("scalar", "mma")
+PATHS = ("scalar", "mma", "wgmma")
+TENSOR_CORE_PATHS = ("mma", "wgmma")  # P is rounded to fp16 before P.V (hipkernel.model)
 MMA_MIN_SM = 80  # mma.sync m16n8k16 f16 with fp32 accumulators, ldmatrix, cp.async
+WGMMA_SM = 90  # wgmma.mma_async: sm_90a code, which runs on compute capability 9.0 only
+WGMMA_TARGET = "sm_90a"
+_WGMMA_M_TILES = (4, 8)  # one or two warpgroups of 64 rows
+_WGMMA_BKV = (32, 64, 128)  # the n of the Q.K wgmma
+WGMMA_MAX_STAGES = 4  # the wgmma kernel's KV_STAGES cap
 
 
 def _check_int(name: str, x, allowed) -> int:
@@ -65,6 +75,12 @@ class KernelConfig:
                              f"scalar path gives each row a lane pair), got path {self.path!r}")
         if self.m_tiles % self.warp_m:
             raise ValueError(f"warp_m: {self.warp_m} does not divide m_tiles={self.m_tiles}")
+        if self.path == "wgmma":
+            if self.m_tiles not in _WGMMA_M_TILES:
+                raise ValueError(f"m_tiles: path 'wgmma' computes 64 rows a warpgroup and needs "
+                                 f"m_tiles in {_WGMMA_M_TILES}, got {self.m_tiles}")
+            if self.bkv not in _WGMMA_BKV:
+                raise ValueError(f"bkv: path 'wgmma' needs bkv in {_WGMMA_BKV}, got {self.bkv}")
 
     @property
     def block_rows(self) -> int:
@@ -93,28 +109,36 @@ class KernelConfig:
 
     def kv_stages(self, d: int) -> int:
         """K/V tile buffers of the kernel: the mma path double-buffers (cp.async) when two
-        stages fit in static shared memory; the scalar path has one."""
+        stages fit in static shared memory; the wgmma path keeps as many as fit, up to 4;
+        the scalar path has one."""
         if self.path == "scalar":
             return 1
-        return 2 if 2 * self._mma_tile_bytes(d) <= SMEM_LIMIT else 1
+        if self.path == "wgmma":
+            return max(1, min(WGMMA_MAX_STAGES, SMEM_LIMIT // self._kv_tile_bytes(d)))
+        return 2 if 2 * self._kv_tile_bytes(d) <= SMEM_LIMIT else 1
 
-    def _mma_tile_bytes(self, d: int) -> int:
-        # a K and a V tile, bkv rows of d + 8 halves (16 bytes of padding against bank
-        # conflicts), as gqa_flash_prefill_mma.hip lays them out
-        return 2 * self.bkv * (d + 8) * 2
+    def _kv_tile_bytes(self, d: int) -> int:
+        # a K and a V tile of bkv rows: the mma path pads each row by 8 halves (16 bytes,
+        # against ldmatrix bank conflicts); the wgmma path's core-matrix layout needs none
+        return 2 * self.bkv * (d + (8 if self.path == "mma" else 0)) * 2
 
     def smem_bytes(self, d: int) -> int:
         """Static shared memory of the kernel at head dim ``d``. Scalar: a K and a V tile
         (``bkv x d`` halves each) and the score/probability tile (``BM x bkv`` floats).
-        mma: ``kv_stages`` x (K and V tile, ``bkv x (d + 8)`` halves each)."""
-        if self.path == "mma":
-            return self.kv_stages(d) * self._mma_tile_bytes(d)
+        mma: ``kv_stages`` x (K and V tile, ``bkv x (d + 8)`` halves each); wgmma: the same
+        with ``bkv x d`` halves each."""
+        if self.path in TENSOR_CORE_PATHS:
+            return self.kv_stages(d) * self._kv_tile_bytes(d)
         return 2 * self.bkv * d * 2 + self.block_rows * self.bkv * 4
+
+    def fits(self, d: int) -> bool:
+        """Whether this config compiles at head dim ``d``: its static shared memory fits."""
+        return self.smem_bytes(d) <= SMEM_LIMIT
 
     def defines(self, d: int) -> dict[str, int]:
         """The ``-D`` macros that compile this config at head dim ``d``."""
         d = _check_int("d", d, HEAD_DIMS)
-        if self.smem_bytes(d) > SMEM_LIMIT:
+        if not self.fits(d):
             raise ValueError(
                 f"bkv: {self.bkv} keys at d={d} need {self.smem_bytes(d)} bytes of static shared "
                 f"memory, over the {SMEM_LIMIT} byte limit"
@@ -139,6 +163,17 @@ MMA_CANDIDATES = tuple(KernelConfig(m, b, "mma") for m, b in ((4, 64), (4, 32), 
 MMA_WIDE_CANDIDATES = tuple(KernelConfig(m, b, "mma", 2) for m, b in ((8, 64), (8, 32), (4, 64)))
 WIDE_HEAD_DIMS = (64,)
 
+# wgmma: two warpgroups a block (128 rows), 64-key tiles (3 stages) at d = 64 and 32-key
+# tiles (3 stages) at d = 128. On the H200 (scripts/mma_check.py --sections sweep) one
+# warpgroup a block (m4) ran 1.4-1.8x slower at 512@8192 and 16384@0 (twice the K/V traffic
+# per row), and at d = 128 64-key tiles (one stage) 1.3x slower than 32-key ones.
+# 128-key tiles are left out: one stage of them takes
+# 32 KiB at d = 64 (no room to double-buffer in 48 KiB); on the H200, single-buffered, they
+# ran 3-5% slower than double-buffered 64-key tiles (512@8192 0.445 vs 0.422 ms, 16384@0
+# 12.98 vs 12.56 ms, both at m8, before the deeper pipeline).
+WGMMA_BY_HEAD_DIM = {64: KernelConfig(8, 64, "wgmma"), 128: KernelConfig(8, 32, "wgmma")}
+WGMMA_CANDIDATES = tuple(WGMMA_BY_HEAD_DIM.values())
+
 DEFAULT = KernelConfig(4, 64)
 MMA_DEFAULT = MMA_CANDIDATES[0]
 
@@ -156,6 +191,12 @@ def has_mma(arch: str) -> bool:
     return sm is not None and sm >= MMA_MIN_SM
 
 
+def has_wgmma(arch: str) -> bool:
+    """Whether ``arch`` runs the wgmma path: a compute capability 9.0 device (``sm_90``, whose
+    kernels the CUDA backend compiles for ``sm_90a``) or the ``sm_90a`` target itself."""
+    return sm_version(arch) == WGMMA_SM
+
+
 def default_config(arch: str) -> KernelConfig:
     """The config used without a sweep (``HIPKERNEL_TUNE=0``) on target ``arch``: the mma
     path's default on NVIDIA sm_80+, else the scalar ``DEFAULT``."""
@@ -165,16 +206,20 @@ def default_config(arch: str) -> KernelConfig:
 def candidates(arch: str, d: int | None = None) -> tuple[KernelConfig, ...]:
     """The autotune candidates on target ``arch`` at head dim ``d``: the scalar configs
     everywhere, plus the mma configs on NVIDIA sm_80+ (AMD has no MMA implementation yet),
-    plus the 32-rows-a-warp mma configs where ``d`` is in ``WIDE_HEAD_DIMS``. ``d=None``:
-    every config the target can run (for fuzzing and sanitizer sweeps)."""
+    plus the 32-rows-a-warp mma configs where ``d`` is in ``WIDE_HEAD_DIMS``, plus the wgmma
+    config of ``d`` on sm_90. ``d=None``: every config the target can run at some head dim
+    (for fuzzing and sanitizer sweeps; ``KernelConfig.fits`` says where)."""
     if not has_mma(arch):
         return CANDIDATES
     wide = MMA_WIDE_CANDIDATES if d is None or d in WIDE_HEAD_DIMS else ()
-    return CANDIDATES + MMA_CANDIDATES + wide
+    if not has_wgmma(arch):
+        wg = ()
+    else:  # the tile that wins at this head dim (see WGMMA_CANDIDATES)
+        wg = WGMMA_CANDIDATES if d is None else (WGMMA_BY_HEAD_DIM[d],)
+    return CANDIDATES + MMA_CANDIDATES + wide + wg
 
 
 def compiled_variants() -> list[tuple[int, KernelConfig]]:
     """Every (head dim, config) the tuner may launch somewhere: what the offline build check
     compiles and requires free of spills."""
-    return [(d, cfg) for d in HEAD_DIMS
-            for cfg in CANDIDATES + MMA_CANDIDATES + (MMA_WIDE_CANDIDATES if d in WIDE_HEAD_DIMS else ())]
+    return [(d, cfg) for d in HEAD_DIMS for cfg in candidates(WGMMA_TARGET, d)]

@@ -53,8 +53,8 @@ sigma = 0; 0: no sink term.
 rather than be laundered into a zero.)
 
 Inputs are fp16, arithmetic is fp32 (``np.float32`` throughout, exp2 in fp32), the output
-is fp16. On the mma path (``config.path == "mma"``, tensor cores) P is rounded to fp16 before
-P.V (l still sums the fp32 p), which the model mirrors. The kernel's dot products and sums run in a different order than NumPy's, so the
+is fp16. On the tensor-core paths (``config.path`` "mma" or "wgmma") P is rounded to fp16
+before P.V (l still sums the fp32 p), which the model mirrors. The kernel's dot products and sums run in a different order than NumPy's, so the
 two agree to fp32 rounding, not bitwise.
 """
 
@@ -65,7 +65,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from hipkernel.config import DEFAULT, HEAD_DIMS, KernelConfig
+from hipkernel.config import DEFAULT, HEAD_DIMS, TENSOR_CORE_PATHS, KernelConfig
 from refattn.args import check_attention_args
 from refattn.mutants import MUTANTS
 from refattn.sharding import affinity_cpus
@@ -132,7 +132,7 @@ def _check_mutants(mutants) -> frozenset[str]:
 def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str]) -> np.ndarray:
     B, Sq, Hq, Hkv, d, G = a.B, a.Sq, a.Hq, a.Hkv, a.d, a.G
     BM, BKV = config.block_rows, config.bkv
-    p_fp16 = config.path == "mma"  # P rounded to fp16 before P.V, as the tensor cores take it
+    p_fp16 = config.path in TENSOR_CORE_PATHS  # P rounded to fp16 before P.V, as the tensor cores take it
     S_cap, skv, W = k.shape[2], a.skv, a.window
     past = 0 if "past_len_ignored" in mut else a.past_len  # p = i: top-left alignment
     c2 = _F32(a.scale) * LOG2E  # the kernel gets scale as a float and multiplies in fp32
@@ -202,7 +202,7 @@ def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str]) -> np.ndar
             s -= m_ref[..., None]
             np.exp2(s, out=s)  # p_j; invisible keys: exp2(-inf) = 0
             l_new = l * alpha + s.sum(axis=-1)
-            # the mma path feeds P to the tensor cores as fp16 (l keeps the fp32 p)
+            # the tensor-core paths feed P to the MMAs as fp16 (l keeps the fp32 p)
             pv = s.astype(np.float16).astype(_F32) if p_fp16 else s
             acc_new = acc * alpha[..., None] + _matmul(pv, vt[:, :, None])
             if "sink_per_tile" in mut and has_sink:

@@ -47,7 +47,8 @@ import numpy as np
 from hipkernel import api
 from hipkernel.autotune import tune_key
 from hipkernel.config import (CANDIDATES, DEFAULT, HEAD_DIMS, MMA_DEFAULT, MMA_WIDE_CANDIDATES,
-                              WIDE_HEAD_DIMS, KernelConfig, candidates, has_mma)
+                              WGMMA_BY_HEAD_DIM, WIDE_HEAD_DIMS, KernelConfig, candidates,
+                              has_mma, has_wgmma)
 from refattn.args import check_attention_args
 from refattn.cases import OUT_CANARY_BITS, Case, canary_out, load_suites, make_inputs
 from refattn.metrics import compare
@@ -289,7 +290,8 @@ def random_geometry(rng: np.random.Generator, max_cost: int = DEFAULT_MAX_COST,
     u = rng.random()
     window = -1 if u < 0.45 else int(rng.integers(1, 9) if u < 0.6 else rng.integers(1, 601))
     sink = str(rng.choice(["none", "per_head", "smooth"]))
-    config = configs[rng.integers(len(configs))].name
+    fitting = [c for c in configs if c.fits(d)]  # (a 128-key wgmma tile does not at d = 128)
+    config = fitting[rng.integers(len(fitting))].name
     tight = bool(rng.random() < 0.25)
     scale = None if rng.random() < 0.8 else float(rng.choice([0.5, 2.0]))  # sharp softmax
     return fit_cost(Geometry(B=int(rng.integers(1, 3)), Sq=Sq, Hq=int(Hq), Hkv=int(Hkv), d=d,
@@ -535,7 +537,9 @@ def sanitize_target(suites=("seed", "extended"), *, backend=None, match=None, ca
     one launch that finished). A supported case must return 0, write every element and stay
     finite (``judge``: and pass the derived gate); a declined one must return -1 with the
     buffer byte-identical. On a target with tensor cores every supported case also runs
-    the mma path's default config, so the sanitizer sees both kernel sources. Prints one line per launch; returns 0 if all is well, else 1."""
+    the mma path's default config (and, at d = 64, its 32-rows-a-warp config), and on sm_90
+    the wgmma config of its head dim, so the sanitizer sees every kernel source. Prints one
+    line per launch; returns 0 if all is well, else 1."""
     out = out or sys.stdout
     saved = os.environ.get("HIPKERNEL_TUNE")
     os.environ["HIPKERNEL_TUNE"] = "0"
@@ -571,6 +575,8 @@ def _sanitize_cases(suites, backend, match, cache, all_configs, judge, cheapest_
             configs.append(MMA_DEFAULT)  # the tensor-core paths the autotuner picks there
             if case.d in WIDE_HEAD_DIMS:
                 configs.append(MMA_WIDE_CANDIDATES[0])
+            if has_wgmma(be.arch):
+                configs.append(WGMMA_BY_HEAD_DIM[case.d])
         if all_configs and supported:
             configs += [c for c in candidates(be.arch) if c not in configs]
         ref = None

@@ -159,7 +159,7 @@ def warm_cache(backend=None) -> dict:
     t0 = time.perf_counter()
     kernels = [backend.compile(api.kernel_source(cfg.path), api.kernel_defines(d, cfg),
                                api.KERNEL_NAME)
-               for d in HEAD_DIMS for cfg in candidates(backend.arch)]
+               for d in HEAD_DIMS for cfg in candidates(backend.arch, d)]
     cache = getattr(backend, "disk_cache", None)
     return {"backend": backend.name, "arch": backend.arch, "device_name": backend.device_name,
             "modules": len(kernels), "seconds": round(time.perf_counter() - t0, 3),

@@ -1,19 +1,23 @@
-"""GPU check of the tensor-core (mma) path: the case matrix with the mma path forced, the
-mutant kill matrix on it, and device times of scalar vs mma configs at the gpt-oss geometry.
+"""GPU check of the tensor-core paths (mma, and wgmma on sm_90): the case matrix with each
+path forced, the mutant kill matrix on it, and device times of scalar vs tensor-core configs
+at the gpt-oss geometry.
 
     HIPKERNEL_CACHE_DIR=build/hkcache PYTHONPATH=. python3 scripts/mma_check.py \
         [--out DIR] [--sections matrix,sweep,mutants,time,records] [--no-prewarm]
+        [--configs wgmma_m4_b64,mma_m4_b64,...]
 
 Every kernel the sections launch is compiled first, in parallel processes, into the disk
 cache (``records`` only does that for what ``hipkernel.gpu_session`` compiles).
 
-``matrix``: seed + extended suites, each case run with path "mma" at MMA_DEFAULT's tiles (a
-case's own m_tiles / bkv win, so its clamp geometry is kept), then with every other mma
-candidate forced; per-case relL2 against the derived gate. ``mutants``: the kill matrix
-with the mma path forced (its clean run replaces the matrix's first pass). ``sweep``:
+``matrix``: seed + extended suites, each case run with the first config's path at its tiles
+(a case's own m_tiles / bkv win where the path allows them, so its clamp geometry is kept),
+then with every other config forced; per-case relL2 against the derived gate. ``mutants``:
+the kill matrix with a path forced (its clean run replaces the matrix's first pass), at
+MMA_DEFAULT, the first 32-rows-a-warp config and the first wgmma config. ``sweep``:
 kernel-only times (20 back-to-back launches between two events, no host synchronization)
-of the scalar m4_b32 / m4_b64 and every mma candidate at 512@8192 (d=64 gpt-oss full and
-window 128, 512@512 window 128, d=128 Hq=32 full). ``time``: the same through
+of the scalar m4_b32 / m4_b64 and every tensor-core candidate at 512@8192 (d=64 gpt-oss full
+and window 128, 512@512 window 128, d=128 Hq=32 full) and 16384@0 (full and window 128).
+``--configs`` narrows matrix, mutants and sweep to the named tensor-core configs. ``time``: the same through
 ``Resident.time_ms`` (one synchronized API call per sample: includes host overhead).
 FLOPs = 4 d Hq B sum_rows(visible keys) (hipkernel.timing).
 """
@@ -29,10 +33,11 @@ from pathlib import Path
 from hipkernel import api
 from hipkernel.adapter import HipKernel
 from hipkernel.config import (CANDIDATES, MMA_CANDIDATES, MMA_DEFAULT, MMA_WIDE_CANDIDATES,
-                              KernelConfig)
+                              WGMMA_CANDIDATES, KernelConfig)
 
-# Every mma config the checks force: one warp per 16 rows, and 32 rows a warp (warp_m = 2).
-MMA_ALL = MMA_CANDIDATES + MMA_WIDE_CANDIDATES
+# Every tensor-core config the checks force: mma with one warp per 16 rows and with 32 rows a
+# warp (warp_m = 2), and wgmma (a warpgroup per 64 rows). --configs narrows it.
+MMA_ALL = MMA_CANDIDATES + MMA_WIDE_CANDIDATES + WGMMA_CANDIDATES
 
 
 _SECTIONS: list[str] = []
@@ -53,6 +58,9 @@ class ForcedKernel(HipKernel):
             c.update(inputs.config)
         c["path"] = self.cfg.path
         c["warp_m"] = self.cfg.warp_m if c["m_tiles"] % self.cfg.warp_m == 0 else 1
+        if c["path"] == "wgmma":  # 64 rows a warpgroup: keep the case's tiles where allowed
+            c["m_tiles"] = c["m_tiles"] if c["m_tiles"] in (4, 8) else self.cfg.m_tiles
+            c["bkv"] = c["bkv"] if c["bkv"] in (32, 64, 128) else self.cfg.bkv
         status, out = api.attention(inputs.q, inputs.k, inputs.v, out=inputs.out, config=c,
                                     backend=self._backend or "cuda", mutants=self.mutants,
                                     **self._kw(inputs))
@@ -114,13 +122,16 @@ def section_time(out: Path) -> list:
 # MIN_BLOCKS values of the sweep: None is the kernel's own choice; 0 ptxas' heuristic.
 # Extend it (e.g. (None, 0, 1, 2, 3, 4)) to re-derive the kernel's MIN_BLOCKS choice.
 _SWEEP_MB = (None,)
-_SWEEP_GEOMS = ((64, 64, 8192, -1), (64, 64, 8192, 128), (64, 64, 512, 128),
-                (128, 32, 8192, -1))  # d, Hq, past_len, W
+_SWEEP_GEOMS = ((64, 64, 512, 8192, -1), (64, 64, 512, 8192, 128), (64, 64, 512, 512, 128),
+                (128, 32, 512, 8192, -1), (64, 64, 16384, 0, -1), (64, 64, 16384, 0, 128),
+                (128, 32, 16384, 0, -1))  # d, Hq, Sq, past_len, W
 
 
 def _sweep_jobs():
     for d in (64, 128):
-        for c in MMA_CANDIDATES + (MMA_WIDE_CANDIDATES if d == 64 else ()):
+        for c in MMA_ALL:
+            if (c.warp_m == 2 and d != 64) or not c.fits(d):
+                continue
             for mb in _SWEEP_MB:
                 if mb is None or 65536 // (c.threads * max(mb, 1)) >= (96 if d == 64 else 168):
                     yield d, c, mb
@@ -156,12 +167,12 @@ def section_sweep(out: Path) -> list:
 
     be = get_backend("cuda")
     rows = []
-    for d, Hq, past, window in _SWEEP_GEOMS:
-        r = Resident(be, B=1, Sq=512, Hq=Hq, Hkv=8, d=d, past_len=past)
-        f = flops(1, 512, Hq, d, past, window)
+    for d, Hq, Sq, past, window in _SWEEP_GEOMS:
+        r = Resident(be, B=1, Sq=Sq, Hq=Hq, Hkv=8, d=d, past_len=past)
+        f = flops(1, Sq, Hq, d, past, window)
         try:
-            variants = [(KernelConfig(4, 32), None), (KernelConfig(4, 64), None)] + [
-                (c, mb) for dd, c, mb in _sweep_jobs() if dd == d]
+            scalar = [(KernelConfig(4, 32), None), (KernelConfig(4, 64), None)] if Sq <= 512 else []
+            variants = scalar + [(c, mb) for dd, c, mb in _sweep_jobs() if dd == d]
             for cfg, mb in variants:
                 defines = dict(api.kernel_defines(d, cfg))
                 if mb is not None:
@@ -169,10 +180,10 @@ def section_sweep(out: Path) -> list:
                 kern = be.compile(api.kernel_source(cfg.path), defines, api.KERNEL_NAME)
                 ms = raw_ms(be, r, kern, cfg, window)
                 info = kern.info
-                rows.append({"d": d, "Hq": Hq, "past_len": past, "window": window,
+                rows.append({"d": d, "Hq": Hq, "Sq": Sq, "past_len": past, "window": window,
                              "config": cfg.name, "min_blocks": mb, "ms": ms, "tflops": f / ms / 1e9,
                              "regs": info.regs, "spills": info.spills})
-                print(f"  d{d} 512@{past} w{window:<4} {cfg.name:<11} mb {mb!s:<4} {ms:8.4f} ms "
+                print(f"  d{d} {Sq}@{past} w{window:<4} {cfg.name:<13} mb {mb!s:<4} {ms:8.4f} ms "
                       f"{f / ms / 1e9:6.1f} TF/s  regs {info.regs} spills {info.spills}", flush=True)
         finally:
             r.free()
@@ -180,13 +191,15 @@ def section_sweep(out: Path) -> list:
 
 
 def section_mutants(out: Path) -> dict:
-    """The kill matrix with the mma path forced: at MMA_DEFAULT (case tiles kept) and at the
-    first 32-rows-a-warp config."""
+    """The kill matrix with a tensor-core path forced (case tiles kept where allowed): at
+    MMA_DEFAULT, the first 32-rows-a-warp config and the first wgmma config."""
     from refattn.cases import load_suites
     from refattn.killmatrix import format_grid, run_kill_matrix
 
     doc = {}
-    for cfg in (MMA_DEFAULT, MMA_WIDE_CANDIDATES[0]):
+    for cfg in (MMA_DEFAULT, MMA_WIDE_CANDIDATES[0], WGMMA_CANDIDATES[0]):
+        if cfg not in MMA_ALL:
+            continue  # narrowed away by --configs
         km = run_kill_matrix(lambda mutants, cfg=cfg: ForcedKernel(cfg, mutants=mutants),
                              load_suites(["seed", "extended"]))
         print(format_grid(km), flush=True)
@@ -230,10 +243,13 @@ def prewarm(sections) -> None:
     # tiles (m1_b32, m4_b32, m4_b64) under each warp_m they allow
     case_tiles = [KernelConfig(m, b, "mma", w) for m, b in ((1, 32), (4, 32), (4, 64))
                   for w in (1, 2) if m % w == 0]
+    case_tiles += [KernelConfig(4, b, "wgmma") for b in (32, 64)]  # (m1 cases run at m4)
+    case_tiles = [c for c in case_tiles if c.path == "mma" and any(x.path == "mma" for x in MMA_ALL)
+                  or c.path == "wgmma" and any(x.path == "wgmma" for x in MMA_ALL)]
     mma_tiles = set(MMA_ALL) | set(case_tiles)
     jobs = set()
     if "matrix" in sections:
-        jobs |= {job(c, d) for d in (64, 128) for c in mma_tiles}
+        jobs |= {job(c, d) for d in (64, 128) for c in mma_tiles if c.fits(d)}
     if "time" in sections:
         jobs |= {job(KernelConfig(m, 32), 64) for m in (2, 4)}
         jobs |= {job(c, 64) for c in MMA_ALL}
@@ -243,7 +259,7 @@ def prewarm(sections) -> None:
     if "mutants" in sections:
         jobs |= {job(c, d, frozenset({mu.name})) for d in (64, 128) for c in case_tiles
                  for mu in MUTANTS}
-        jobs |= {job(c, d) for d in (64, 128) for c in mma_tiles}
+        jobs |= {job(c, d) for d in (64, 128) for c in mma_tiles if c.fits(d)}
     if "records" in sections:  # what hipkernel.gpu_session compiles: every candidate, and
         # the mutants at the default config (HIPKERNEL_TUNE=0) and at the cases' own configs
         from hipkernel.config import candidates, default_config
@@ -268,7 +284,14 @@ def main(argv=None) -> int:
     ap.add_argument("--no-prewarm", action="store_true")
     ap.add_argument("--prewarm-only", action="store_true",
                     help="compile what the sections need into the disk cache, run nothing")
+    ap.add_argument("--configs", default=None,
+                    help="comma-separated tensor-core config names to check (default: all)")
     args = ap.parse_args(argv)
+    if args.configs:
+        from hipkernel.reliability import config_from_name
+
+        global MMA_ALL
+        MMA_ALL = tuple(config_from_name(n) for n in args.configs.split(","))
     _SECTIONS.extend(args.sections.split(","))
     if not args.no_prewarm:
         prewarm(args.sections.split(","))

@@ -18,6 +18,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from hipkernel.config import WGMMA_SM
 from hipkernel.backends import (Backend, BackendError, BackendUnavailable, CompileError,
                                 CompileResult, define_flags, error_text, split_result,
                                 summarize_usage, unwrap)
@@ -236,11 +237,13 @@ class CudaBackend(Backend):
         self.target = self._target(major * 10 + minor)
 
     def _target(self, cc: int) -> str:
-        """``sm_XY`` when this NVRTC knows the device; PTX for the newest arch it knows
-        when the device is newer (the driver JIT-compiles it)."""
+        """``sm_XY`` when this NVRTC knows the device (``sm_90a`` on compute capability 9.0:
+        the arch-specific target that has wgmma, whose code runs on exactly that device);
+        PTX for the newest arch it knows when the device is newer (the driver JIT-compiles
+        it)."""
         archs = supported_archs()
         if not archs or cc in archs:
-            return f"sm_{cc}"
+            return f"sm_{cc}a" if cc == WGMMA_SM else f"sm_{cc}"
         older = [a for a in archs if a <= cc]
         if not older:
             raise BackendUnavailable(f"NVRTC ({self.compiler_version}) cannot compile for "

@@ -1,0 +1,231 @@
+// flash_rows.h: the per-row steps of the tensor-core paths (gqa_flash_prefill_mma.hip and
+// gqa_flash_prefill_wgmma.hip), written once on the fragments of one group of 16 query rows.
+//
+// Fragments (portable.h, "MMA fragments"): lane l = 4 g + t4 of the warp owning the group
+// holds its rows g and g + 8.
+//   scores       s[nb][e]   row g + 8 (e >> 1), key 8 nb + 2 t4 + (e & 1) of the KV tile
+//   accumulator  o[nd][e]   row g + 8 (e >> 1), dim 8 nd + 2 t4 + (e & 1)
+//   row state    m[r], l[r] row g + 8 r; the 4 lanes of a row hold the same values
+// The steps are hipkernel/model.py's docstring: the visibility predicate, the online softmax
+// with its NaN guard, the sink epilogue in exp2 space with the max taken over the sink, and
+// out = acc / l (0 when l == 0). The mutant macros bite here exactly as in the scalar kernel.
+
+#define LOG2E 1.4426950408889634f  // exp(x) = exp2(x * LOG2E)
+
+// The window's lower bound: key j is inside a window of W keys (self included) ending at
+// absolute position p iff j >= window_lo(p, W) = p - W + 1.
+HK_INLINE int window_lo(int p, int window) {
+#ifdef HIPKERNEL_MUTANT_WINDOW_MASK_OFF_BY_ONE
+    return p - window;  // W + 1 keys
+#else
+    return p - window + 1;
+#endif
+}
+
+// Key j is visible from absolute query position p: causal, and under a window (W > 0)
+// j >= p - W + 1. W < 0: no window.
+HK_INLINE bool visible(int p, int j, int window) {
+    return j <= p && (window < 0 || j >= window_lo(p, window));
+}
+
+// Q rows g and g + 8 of the group as A fragments: qf[kc] holds dims [16 kc, 16 kc + 16).
+// qrow[r] points at dim 2 t4 of row g + 8 r, or is null for a row past Sq (zeros).
+template <int KC>
+HK_INLINE void load_q_fragments(unsigned int (&qf)[KC][4], const half_t* const (&qrow)[2]) {
+#pragma unroll
+    for (int kc = 0; kc < KC; ++kc)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {  // e: (row g, k lo) (row g+8, k lo) (g, k hi) (g+8, k hi)
+            const half_t* row = qrow[e & 1];
+            qf[kc][e] = row != nullptr ? *(const unsigned int*)(row + 16 * kc + 8 * (e >> 1)) : 0u;
+        }
+}
+
+// Invisible keys of the tile starting at key j0 get -inf; p[r] is row g + 8 r's position.
+template <int NB_S>
+HK_INLINE void mask_scores(float (&s)[NB_S][4], int j0, int t4, const int (&p)[2], int window) {
+#pragma unroll
+    for (int nb = 0; nb < NB_S; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            if (!visible(p[e >> 1], j0 + 8 * nb + 2 * t4 + (e & 1), window)) s[nb][e] = hk_neg_inf();
+}
+
+// One online-softmax step over a tile of raw dot products s (in place: s becomes p, fp32).
+// Logits in exp2 space are s2 = c2 * dot, c2 = scale * LOG2E > 0; rounding is monotonic, so
+// max_j fl(c2 dot_j) = fl(c2 max_j dot_j) exactly. NaN guard: a row that has seen nothing
+// so far and sees nothing in this tile (m_new = -inf) keeps (m, l, acc): it takes alpha = 1
+// and p = 0 instead of exp2(-inf - -inf) = NaN.
+//   p_j = exp2(s2_j - m_new) = exp2(fma(dot_j, c2, -m_new)), one FFMA and one MUFU; an
+//   invisible key (dot = -inf) gives exp2(-inf) = 0 with no select. A row that does not
+//   update has only invisible keys: its shift is 0, so its p are 0 too.
+// acc is scaled by alpha here; the caller adds P.V.
+template <int NB_S, int NB_O>
+HK_INLINE void softmax_step(float (&s)[NB_S][4], float (&m)[2], float (&l)[2], float (&o)[NB_O][4],
+                            float c2, bool has_sink, float sig2) {
+    float m_tile[2] = {hk_neg_inf(), hk_neg_inf()};
+#pragma unroll
+    for (int nb = 0; nb < NB_S; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) m_tile[e >> 1] = hk_fmax(m_tile[e >> 1], s[nb][e]);
+
+    float m_new[2], alpha[2], neg_m[2], l_tile[2] = {0.0f, 0.0f};
+    bool update[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        m_tile[r] = hk_fmax(m_tile[r], hk_xor(m_tile[r], 1));  // the row's 4 lanes
+        m_tile[r] = hk_fmax(m_tile[r], hk_xor(m_tile[r], 2));
+        m_new[r] = hk_fmax(m[r], c2 * m_tile[r]);
+#ifdef HIPKERNEL_MUTANT_NO_NAN_GUARD
+        update[r] = true;  // m_new = -inf: alpha and p become exp2(-inf - -inf) = NaN
+#else
+        update[r] = m_new[r] != hk_neg_inf();
+#endif
+        alpha[r] = update[r] ? hk_exp2_ftz(m[r] - m_new[r]) : 1.0f;  // 0 when m = -inf
+        neg_m[r] = update[r] ? -m_new[r] : 0.0f;
+    }
+#pragma unroll
+    for (int nb = 0; nb < NB_S; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = e >> 1;
+            const float pj = hk_exp2_ftz(hk_fma(s[nb][e], c2, neg_m[r]));
+            s[nb][e] = pj;
+            l_tile[r] += pj;
+        }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        l_tile[r] += hk_xor(l_tile[r], 1);  // the row's sum over the whole tile
+        l_tile[r] += hk_xor(l_tile[r], 2);
+        l[r] = l[r] * alpha[r] + l_tile[r];
+        if (update[r]) m[r] = m_new[r];
+#ifdef HIPKERNEL_MUTANT_SINK_PER_TILE
+        if (has_sink && update[r]) l[r] += hk_exp2(sig2 - m_new[r]);  // split-KV bug
+#endif
+    }
+#pragma unroll
+    for (int nd = 0; nd < NB_O; ++nd)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[nd][e] *= alpha[e >> 1];
+}
+
+// P of keys [16 kc, 16 kc + 16) as an MMA A fragment, rounded to fp16: the S fragments of
+// key blocks 2 kc and 2 kc + 1 are the A layout of one 16-key chunk.
+template <int NB_S>
+HK_INLINE void p_fragment(unsigned int (&pa)[4], const float (&s)[NB_S][4], int kc) {
+    pa[0] = hk_pack_f16x2(s[2 * kc][0], s[2 * kc][1]);
+    pa[1] = hk_pack_f16x2(s[2 * kc][2], s[2 * kc][3]);
+    pa[2] = hk_pack_f16x2(s[2 * kc + 1][0], s[2 * kc + 1][1]);
+    pa[3] = hk_pack_f16x2(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+}
+
+// Epilogue of the group: fold the sink into the denominator once, with the max taken over
+// it too, then out = acc / l (0 for a row with nothing in its denominator; a NaN l stays
+// NaN). orow[r] points at dim 2 t4 of row g + 8 r's output, or is null for a row past Sq.
+template <int NB_O>
+HK_INLINE void finish_rows(float (&o)[NB_O][4], const float (&m)[2], float (&l)[2], bool has_sink,
+                           float sig2, half_t* const (&orow)[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        if (has_sink) {
+#ifdef HIPKERNEL_MUTANT_SINK_MAX_SKIPPED
+            const float m_fin = m[r];  // exp2(sig2 - m) overflows for a large sink
+#else
+            const float m_fin = hk_fmax(m[r], sig2);
+#endif
+            const float fac = m[r] == hk_neg_inf() ? 0.0f : hk_exp2(m[r] - m_fin);  // row saw nothing: 0
+#pragma unroll
+            for (int nd = 0; nd < NB_O; ++nd) {
+                o[nd][2 * r] *= fac;
+                o[nd][2 * r + 1] *= fac;
+            }
+            l[r] *= fac;
+#ifndef HIPKERNEL_MUTANT_SINK_PER_TILE
+#ifdef HIPKERNEL_MUTANT_SINK_UNSHIFTED
+            l[r] += sig2 == hk_neg_inf() ? 0.0f : hk_exp2(sig2);  // not shifted by the max
+#else
+            l[r] += sig2 == hk_neg_inf() ? 0.0f : hk_exp2(sig2 - m_fin);
+#endif
+#endif
+        }
+        if (orow[r] != nullptr) {  // lane (g, t4) writes dims 8 nd + 2 t4, + 1 of its row
+#pragma unroll
+            for (int nd = 0; nd < NB_O; ++nd) {
+                const float lo = l[r] == 0.0f ? 0.0f : o[nd][2 * r] / l[r];
+                const float hi = l[r] == 0.0f ? 0.0f : o[nd][2 * r + 1] / l[r];
+                *(unsigned int*)(orow[r] + 8 * nd) = hk_pack_f16x2(lo, hi);
+            }
+        }
+    }
+}
+
+// Whether the sink term exists for this call (sink_mode 1 per head, 2 smooth: sigma = 0),
+// and the sink logit in exp2 space (the epilogue folds it in once).
+HK_INLINE bool sink_present(int sink_mode) {
+#if defined(HIPKERNEL_MUTANT_SINK_IGNORED)
+    return false;
+#elif defined(HIPKERNEL_MUTANT_SMOOTH_IGNORED)
+    return sink_mode == 1;
+#else
+    return sink_mode == 1 || sink_mode == 2;
+#endif
+}
+HK_INLINE float sink_logit2(const half_t* sink, int sink_mode, int h) {
+    const float sigma = sink_mode == 1 ? hk_h2f(sink[h]) : 0.0f;
+#ifdef HIPKERNEL_MUTANT_SINK_NO_LOG2E
+    return sigma;
+#else
+    return sigma * LOG2E;
+#endif
+}
+
+// ---- block-level steps (per Q tile), shared by both tensor-core paths
+
+// The KV head of query head h: G = Hq / Hkv consecutive query heads share one.
+HK_INLINE int kv_head(int h, int Hq, int Hkv) {
+#ifdef HIPKERNEL_MUTANT_GQA_MODULO
+    return h % Hkv;
+#else
+    return h / (Hq / Hkv);
+#endif
+}
+
+// Query row i sits at absolute position query_base(past_len) + i (bottom-right alignment).
+HK_INLINE int query_base(int past_len) {
+#ifdef HIPKERNEL_MUTANT_PAST_LEN_IGNORED
+    return 0;  // top-left causal alignment
+#else
+    return past_len;
+#endif
+}
+
+// The first key any row at positions [p_first, p_last] of a Q tile may see.
+HK_INLINE int kv_start_of(int p_first, int window) {
+    return window > 0 ? (p_first - window + 1 > 0 ? p_first - window + 1 : 0) : 0;
+}
+
+// The first KV tile (of bkv keys) of that Q tile. Start-tile clamp from the tile's FIRST
+// row: the rows' lower bounds p - W + 1 are non-decreasing, so this start covers every row
+// and the mask trims the rest.
+HK_INLINE int first_tile(int p_first, int p_last, int window, int bkv) {
+#ifdef HIPKERNEL_MUTANT_CLAMP_FROM_LAST_ROW
+    int t0 = kv_start_of(p_last, window) / bkv;
+#else
+    int t0 = kv_start_of(p_first, window) / bkv;
+#endif
+#ifdef HIPKERNEL_MUTANT_CLAMP_PLUS_ONE_TILE
+    t0 += 1;
+#endif
+    return t0;
+}
+
+// Whether the load keeps key j; a key not kept is zero-filled: past skv (cache padding) and
+// below kv_start (below every row's window). P.V multiplies p = 0 by them, and 0 * NaN
+// would still be NaN.
+HK_INLINE bool key_kept(int j, int kv_start, int skv, int S_cap) {
+#ifdef HIPKERNEL_MUTANT_TAIL_UNMASKED
+    return j >= kv_start && j < S_cap;  // raw past skv: NaN canaries
+#else
+    return j >= kv_start && j < skv;
+#endif
+}

@@ -1,0 +1,257 @@
+// gqa_flash_prefill_wgmma.hip: the fused GQA flash-attention prefill on Hopper tensor cores
+// (wgmma.mma_async, sm_90a only), one warpgroup per 64 query rows.
+//
+// NVIDIA sm_90a ONLY (hipkernel.config offers path "wgmma" on sm_90 devices, which the CUDA
+// backend compiles for sm_90a). Same ABI and entry name as the other two paths
+// (docs/ARCHITECTURE.md "Kernel ABI"):
+//   compile-time  HEAD_DIM (64 | 128), M_TILES (16-row groups, a multiple of 4), BKV (keys
+//                 per tile: 32, 64 or 128)
+//   grid          (ceil(Sq / BM), Hq, B), BM = 16 * M_TILES
+//   block         32 * M_TILES threads = M_TILES / 4 warpgroups; warpgroup w owns query rows
+//                 [64 w, 64 w + 64) of the Q tile, its warp x rows [16 x, 16 x + 16) of those
+//   shared        static only: KV_STAGES x (K tile + V tile), BKV x HEAD_DIM halves each, in
+//                 wgmma's no-swizzle core-matrix layout (below); two stages (cp.async double
+//                 buffering) when they fit in 48 KiB, else one (KernelConfig.smem_bytes)
+//   pointers      q, k, v, out 16-byte aligned
+//
+// The algorithm is the mma path's, step for step, with the per-row steps shared through
+// flash_rows.h (start-tile clamp, visibility, zero-fill of keys no row may see, online
+// softmax with the NaN guard, the sink epilogue). What differs is who multiplies:
+//   S = Q K^T    one wgmma m64 n BKV k16 per 16 dims: Q from registers (each warp's A
+//                fragments, loaded once), K from shared memory by descriptor.
+//   O += P V     one wgmma m64 n HEAD_DIM k16 per 16 keys: P (rounded to fp16, as model.py
+//                does for the tensor-core paths) from registers, V from shared memory,
+//                read transposed (MN-major) by the same descriptor mechanism.
+// A warpgroup's S and O fragments are, warp by warp, exactly the mma path's, so the softmax
+// is the same code. A warpgroup skips a KV tile none of its 64 rows sees; as in the mma path
+// that is bit-identical to walking it, except under no_nan_guard and tail_unmasked.
+//
+// Shared layout of a K or V tile (the "interleave" canonical layout of wgmma.h): 8 keys x
+// 8 dims form one 128-byte core matrix (key-row r at byte 16 r); the core matrices of one
+// 8-key group follow each other by dim chunk, and groups follow each other:
+//   byte(key j, dim chunk c) = (j / 8) * GROUP_BYTES + c * 128 + (j % 8) * 16
+// so thread idx of a cooperative copy writes the 16 bytes at 16 idx (a contiguous store).
+//   K as B of S = Q K^T (n = key, k = dim: K-major):  LBO = 128, SBO = GROUP_BYTES
+//   V as B of O = P V   (k = key, n = dim: MN-major): LBO = GROUP_BYTES, SBO = 128
+// Mutants (refattn/mutants.py) bite in flash_rows.h and at the same places as in the mma path.
+
+#include "portable.h"
+#include "flash_rows.h"
+#include "wgmma.h"
+
+#if !HK_CUDA
+#error "gqa_flash_prefill_wgmma.hip is NVIDIA sm_90a-only (wgmma); AMD uses gqa_flash_prefill.hip"
+#endif
+#if !defined(HEAD_DIM) || !defined(M_TILES) || !defined(BKV)
+#error "compile with -DHEAD_DIM=<64|128> -DM_TILES=<4|8> -DBKV=<32|64|128>"
+#endif
+#if HEAD_DIM != 64 && HEAD_DIM != 128
+#error "HEAD_DIM must be 64 or 128 (the n of the P.V wgmma)"
+#endif
+#if BKV != 32 && BKV != 64 && BKV != 128
+#error "BKV must be 32, 64 or 128 (the n of the Q.K wgmma)"
+#endif
+#if M_TILES % 4 != 0
+#error "M_TILES must be a multiple of 4: a warpgroup (4 warps) computes 64 rows"
+#endif
+
+#define BM (16 * M_TILES)         // query rows per block
+#define NTHREADS (32 * M_TILES)   // a warp per 16 rows, a warpgroup per 64
+#define VPR (HEAD_DIM / 8)        // 16-byte vectors per K/V row
+#define GROUP_BYTES (HEAD_DIM * 16)  // one 8-key group of core matrices
+#define TILE_BYTES (BKV * HEAD_DIM * 2)
+// KV_STAGES buffers of (K tile, V tile) in the 48 KiB of static shared memory, at most 4:
+// tile t + KV_STAGES - 1 streams in while tile t is computed. One stage (no overlap) when
+// two do not fit; a single warpgroup's tile takes a few hundred cycles, far less than a
+// load's latency, so depth matters more here than on the mma path.
+#define KV_STAGES_FIT ((48 * 1024) / (2 * TILE_BYTES))
+#define KV_STAGES (KV_STAGES_FIT > 4 ? 4 : KV_STAGES_FIT)
+#if KV_STAGES < 1
+#error "a K and a V tile must fit in 48 KiB of static shared memory"
+#endif
+#define PENDING (KV_STAGES > 1 ? KV_STAGES - 2 : 0)
+#define NB_S (BKV / 8)        // 8-key blocks of the score tile
+#define KC_S (HEAD_DIM / 16)  // 16-dim steps of Q K^T (wgmma k)
+#define KC_P (BKV / 16)       // 16-key steps of P V (wgmma k)
+#define NB_O (HEAD_DIM / 8)   // 8-dim blocks of the output
+
+#if !defined(HIPKERNEL_MUTANT_NO_NAN_GUARD) && !defined(HIPKERNEL_MUTANT_TAIL_UNMASKED)
+#define GROUP_SKIP 1  // see the header
+#else
+#define GROUP_SKIP 0
+#endif
+
+// Blocks an SM should hold at once (ptxas then plans for 65536 / (NTHREADS * MIN_BLOCKS)
+// registers a thread): at d = 64 with 64-key tiles the S and O accumulators, Q and P take
+// ~100 registers, so 128 fit without spilling and an SM holds 4 warpgroups, whose loads and
+// softmax overlap each other's wgmma. Elsewhere ptxas' own choice (one block at least).
+#ifndef MIN_BLOCKS
+#if HEAD_DIM == 64 && BKV <= 64
+#define MIN_BLOCKS (512 / NTHREADS)
+#else
+#define MIN_BLOCKS 1
+#endif
+#endif
+
+extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_prefill(
+    const half_t* HK_RESTRICT q,     // (B, Sq, Hq, D)      contiguous
+    const half_t* HK_RESTRICT k,     // (B, Hkv, S_cap, D)  contiguous, S_cap >= past_len + Sq
+    const half_t* HK_RESTRICT v,     // (B, Hkv, S_cap, D)
+    const half_t* HK_RESTRICT sink,  // (Hq,) natural-log logits, read only when sink_mode == 1
+    half_t* HK_RESTRICT out,         // (B, Sq, Hq, D)
+    int Sq, int Hq, int Hkv, int S_cap, int past_len,
+    int window,                      // -1 = none, else W >= 1 keys (ORT convention)
+    int sink_mode,                   // 0 none, 1 per-head sink[h], 2 smooth (sigma = 0)
+    float scale) {
+    __shared__ __attribute__((aligned(128))) half_t k_s[KV_STAGES * BKV * HEAD_DIM];
+    __shared__ __attribute__((aligned(128))) half_t v_s[KV_STAGES * BKV * HEAD_DIM];
+
+    const int tid = hk_thread_x();
+    const int warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2;  // this lane's fragment rows are g and g + 8
+    const int t4 = lane & 3;  // ... and its fragment columns 2 * t4, 2 * t4 + 1 (+ 8)
+    const int qt = hk_block_x(), h = hk_block_y(), b = hk_block_z();
+    const int kvh = kv_head(h, Hq, Hkv);
+    const int skv = past_len + Sq;  // keys that exist; [skv, S_cap) is never read
+    const int past = query_base(past_len);  // row i sits at absolute position past + i
+
+    // This block's rows and the KV range they can reach.
+    const int i0 = qt * BM;
+    const int i_last = (i0 + BM < Sq ? i0 + BM : Sq) - 1;
+    const int p_first = past + i0, p_last = past + i_last;
+    const int kv_start = kv_start_of(p_first, window);
+    const int t0 = first_tile(p_first, p_last, window, BKV);
+    const int t_end = (p_last + 1 + BKV - 1) / BKV;
+    const bool has_sink = sink_present(sink_mode);
+    const float sig2 = sink_logit2(sink, sink_mode, h);
+
+    // This warpgroup's 64 rows, this warp's 16 of them, this lane's two.
+    const int ig = i0 + 64 * (warp >> 2);
+    const bool group_live = ig < Sq;  // a warpgroup wholly past Sq computes nothing
+    const int pg_first = past + ig, pg_last = pg_first + 63;
+    const int iw = ig + 16 * (warp & 3);
+    const int pw_first = past + iw, pw_last = pw_first + 15;
+    int p_r[2], i_r[2];
+    const half_t* qrow[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        i_r[r] = iw + g + 8 * r;
+        p_r[r] = past + i_r[r];
+        qrow[r] = i_r[r] < Sq ? q + (((hk_u64)b * Sq + i_r[r]) * Hq + h) * HEAD_DIM + 2 * t4 : nullptr;
+    }
+    unsigned int qf[KC_S][4];  // Q as A fragments, for the whole block
+    load_q_fragments(qf, qrow);
+    const float c2 = scale * LOG2E;  // s2 = c2 * dot(q, k): logits in exp2 space
+
+    float m[2] = {hk_neg_inf(), hk_neg_inf()}, l[2] = {0.0f, 0.0f};
+    float o[NB_O][4];  // the O accumulator, a wgmma D fragment of n = HEAD_DIM
+#pragma unroll
+    for (int nd = 0; nd < NB_O; ++nd)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[nd][e] = 0.0f;
+
+    const hk_u64 kv_base = ((hk_u64)b * Hkv + kvh) * (hk_u64)S_cap * HEAD_DIM;
+    const half_t* kg = k + kv_base;
+    const half_t* vg = v + kv_base;
+    const unsigned int k_s0 = hk_smem_u32(k_s), v_s0 = hk_smem_u32(v_s);
+
+    // Stage KV tile t into buffer st: 16-byte cp.async per thread, zero-filling keys no row
+    // of this block may see (key_kept). Copy idx (of BKV * VPR) is key (idx / HEAD_DIM) * 8
+    // + idx % 8, dim chunk (idx / 8) % VPR, and lands at byte 16 idx of the tile.
+    auto load_tile = [&](int t, int st) {
+        const int j0 = t * BKV;
+#pragma unroll
+        for (int it = 0; it < (BKV * VPR + NTHREADS - 1) / NTHREADS; ++it) {
+            const int idx = tid + it * NTHREADS;
+            if ((BKV * VPR) % NTHREADS == 0 || idx < BKV * VPR) {
+                const int key = (idx / HEAD_DIM) * 8 + (idx & 7);
+                const int c = (idx >> 3) % VPR;
+                const int j = j0 + key;
+                const bool keep = key_kept(j, kv_start, skv, S_cap);
+                const hk_u64 src = (hk_u64)j * HEAD_DIM + 8 * c;
+                const unsigned int dst = st * TILE_BYTES + 16u * idx;
+                // a key not kept reads nothing (src-size 0); its address is the base anyway
+                hk_cp_async_16(k_s0 + dst, keep ? kg + src : kg, keep);
+                hk_cp_async_16(v_s0 + dst, keep ? vg + src : vg, keep);
+            }
+        }
+    };
+
+    // The pipeline: one cp.async group per tile slot, committed even when empty (past
+    // t_end), so that at iteration t exactly PENDING = KV_STAGES - 2 groups follow tile t's
+    // (with one stage: tile t + 1 is loaded after tile t is consumed, PENDING = 0).
+#pragma unroll
+    for (int i = 0; i < (KV_STAGES > 1 ? KV_STAGES - 1 : 1); ++i) {
+        if (t0 + i < t_end) load_tile(t0 + i, i);
+        hk_cp_async_commit();
+    }
+    int st = 0;  // tile t's buffer: (t - t0) % KV_STAGES
+    for (int t = t0; t < t_end; ++t) {
+        hk_cp_async_wait<PENDING>();  // tile t has landed
+        hk_fence_proxy_async();  // this thread's copies, visible to wgmma's operand reads ...
+        hk_sync();               // ... and every thread's; every warp is done with tile t - 1
+#if KV_STAGES > 1
+        {   // refill tile t - 1's buffer, which every warp has finished with
+            const int t_next = t + KV_STAGES - 1;
+            const int st_next = st == 0 ? KV_STAGES - 1 : st - 1;
+            if (t_next < t_end) load_tile(t_next, st_next);
+            hk_cp_async_commit();
+        }
+#endif
+
+        const int j0 = t * BKV;
+#if GROUP_SKIP
+        const bool skip = !group_live || j0 > pg_last ||
+                          (window > 0 && j0 + BKV - 1 < window_lo(pg_first, window));
+#else
+        const bool skip = !group_live;
+#endif
+        if (!skip) {  // uniform over the warpgroup, as wgmma requires
+            const unsigned int k_t = k_s0 + st * TILE_BYTES, v_t = v_s0 + st * TILE_BYTES;
+
+            // S = Q K^T, fp32 (the first step overwrites s).
+            float s[NB_S][4];
+            hk_wgmma_fence();
+#pragma unroll
+            for (int kc = 0; kc < KC_S; ++kc)
+                hk_wgmma<BKV, 0>(s, qf[kc], hk_wgmma_desc(k_t + 256u * kc, 128u, GROUP_BYTES), kc > 0);
+            hk_wgmma_commit();
+            hk_wgmma_wait<0>();
+            hk_wgmma_fence_acc(s);
+
+            // A tile every row of the warp sees whole needs no per-element test.
+            const bool whole = j0 + BKV - 1 <= pw_first &&
+                               (window < 0 || j0 >= window_lo(pw_last, window));
+            if (!whole) mask_scores(s, j0, t4, p_r, window);
+            softmax_step(s, m, l, o, c2, has_sink, sig2);
+
+            // acc += P.V over every key of the tile, P rounded to fp16: p = 0 times a key no
+            // row may see is why the load zero-fills them.
+            unsigned int pa[KC_P][4];
+#pragma unroll
+            for (int kc = 0; kc < KC_P; ++kc) p_fragment(pa[kc], s, kc);
+            hk_wgmma_fence_acc(o);
+            hk_wgmma_fence();
+#pragma unroll
+            for (int kc = 0; kc < KC_P; ++kc)
+                hk_wgmma<HEAD_DIM, 1>(o, pa[kc], hk_wgmma_desc(v_t + 2u * GROUP_BYTES * kc, GROUP_BYTES, 128u), 1);
+            hk_wgmma_commit();
+            hk_wgmma_wait<0>();
+            hk_wgmma_fence_acc(o);
+        }
+#if KV_STAGES == 1
+        hk_sync();  // tile t is consumed: its buffer may be refilled
+        if (t + 1 < t_end) load_tile(t + 1, 0);
+        hk_cp_async_commit();
+#else
+        st = st + 1 == KV_STAGES ? 0 : st + 1;
+#endif
+    }
+
+    // Epilogue: the sink, then out = acc / l.
+    half_t* orow[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+        orow[r] = i_r[r] < Sq ? out + (((hk_u64)b * Sq + i_r[r]) * Hq + h) * HEAD_DIM + 2 * t4 : nullptr;
+    finish_rows(o, m, l, has_sink, sig2, orow);
+}

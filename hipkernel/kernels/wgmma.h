@@ -1,0 +1,124 @@
+// wgmma.h: the sm_90a warpgroup matrix-multiply primitives the wgmma path uses (NVIDIA
+// Hopper only: wgmma.mma_async exists on sm_90a, not sm_90 and not sm_100).
+//
+// A warpgroup is 4 consecutive warps (128 threads) that issue one wgmma together:
+//   D (64 x N f32) += A (64 x 16 f16) * B (16 x N f16)
+// with A from registers and B from shared memory through a 64-bit matrix descriptor.
+// Warp w of the group owns rows 16w..16w+15 of A and D, and within them a lane holds exactly
+// the mma.sync m16n8k16 fragments of portable.h: A as a0..a3, D as one {c0, c1, c2, c3} per
+// 8 columns, d[n8][e] = (row g + 8 (e >> 1), col 8 n8 + 2 t4 + (e & 1)).
+//
+// Shared-memory operand layout: no swizzle ("interleave"), built of core matrices of 8 rows
+// x 16 bytes (8 halves), each stored as 128 contiguous bytes (row r at byte 16 r). The
+// descriptor gives the start address and two strides in bytes:
+//   K-major B (B[k][n] at n-row, k contiguous):   LBO = between core matrices along K,
+//                                                 SBO = between core matrices along N
+//   MN-major B (B[k][n] at k-row, n contiguous):  LBO = between core matrices along K,
+//                                                 SBO = between core matrices along N
+// (the transposed form is selected by the instruction's imm-trans-b = 1).
+//
+// The instructions are asynchronous: an accumulator may be read only after the group that
+// writes it is waited for. hk_wgmma_fence_acc() after the wait ties every later use of the
+// registers to that point, so the compiler cannot hoist one above it.
+
+#if HK_CUDA && defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "wgmma.h needs the sm_90a target (--gpu-architecture=sm_90a)"
+#endif
+
+// Descriptor of a no-swizzle shared-memory operand starting at shared address `addr`
+// (16-byte aligned); lbo, sbo in bytes (multiples of 16). Bits: [0,14) addr >> 4,
+// [16,30) lbo >> 4, [32,46) sbo >> 4, base offset 0, swizzle mode (bits 62-63) 0.
+HK_INLINE hk_u64 hk_wgmma_desc(unsigned int addr, unsigned int lbo, unsigned int sbo) {
+    return (hk_u64)((addr & 0x3FFFFu) >> 4) | ((hk_u64)(lbo >> 4) << 16) |
+           ((hk_u64)(sbo >> 4) << 32);
+}
+
+// Order this thread's generic-proxy writes of shared memory (st.shared, cp.async) before
+// later async-proxy reads (wgmma operands); a barrier then extends it to the block.
+HK_INLINE void hk_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// Before the first wgmma that reads registers written since the last one.
+HK_INLINE void hk_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+// Close the group of wgmma issued so far by this warpgroup.
+HK_INLINE void hk_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+// Wait until at most N groups of this warpgroup are in flight.
+template <int N>
+HK_INLINE void hk_wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// Tie the accumulator registers to this point (see the header).
+template <int NB>
+HK_INLINE void hk_wgmma_fence_acc(float (&d)[NB][4]) {
+#pragma unroll
+    for (int i = 0; i < NB; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
+}
+
+// D (64 x N) += A (64 x 16, registers) * B (16 x N, descriptor); accumulate = 0 overwrites
+// D instead. TRANS_B: 0 for a K-major B, 1 for an MN-major B. One function per N (the
+// accumulator list is spelled out; the PTX operand numbers follow it).
+template <int TRANS_B>
+HK_INLINE void hk_wgmma_n32(float (&d)[4][4], const unsigned int (&a)[4], hk_u64 desc_b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %20, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+        "{%16, %17, %18, %19}, %21, p, 1, 1, %22;\n}"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "l"(desc_b), "n"(TRANS_B));
+}
+
+template <int TRANS_B>
+HK_INLINE void hk_wgmma_n64(float (&d)[8][4], const unsigned int (&a)[4], hk_u64 desc_b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %36, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %37, p, 1, 1, %38;\n}"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "l"(desc_b), "n"(TRANS_B));
+}
+
+template <int TRANS_B>
+HK_INLINE void hk_wgmma_n128(float (&d)[16][4], const unsigned int (&a)[4], hk_u64 desc_b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %68, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %69, p, 1, 1, %70;\n}"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+          "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+          "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+          "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
+          "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+          "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+          "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+          "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+          "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "l"(desc_b), "n"(TRANS_B));
+}
+
+// D += A * B for N in {32, 64, 128}.
+template <int N, int TRANS_B>
+HK_INLINE void hk_wgmma(float (&d)[N / 8][4], const unsigned int (&a)[4], hk_u64 desc_b, int accumulate) {
+    if constexpr (N == 32) hk_wgmma_n32<TRANS_B>(d, a, desc_b, accumulate);
+    else if constexpr (N == 64) hk_wgmma_n64<TRANS_B>(d, a, desc_b, accumulate);
+    else hk_wgmma_n128<TRANS_B>(d, a, desc_b, accumulate);
+}
