@@ -12,7 +12,7 @@ set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1 HIPKERNEL_CACHE_DIR=${HIPKERNEL_CACHE_DIR:-/tmp/hkcache}
 : "${OUT:?set OUT to the output directory}"
 RACE_LIMIT=${RACE_LIMIT:-470}
-MEM_LIMIT=${MEM_LIMIT:-300}
+MEM_LIMIT=${MEM_LIMIT:-360}
 TARGET="python3 -m hipkernel.reliability --sanitize-target --suites seed,extended --cheapest-first"
 t0=$(date +%s)
 python3 scripts/mma_check.py --sections records --prewarm-only > "$OUT/session.log" 2>&1
