@@ -215,7 +215,7 @@ def candidates(arch: str, d: int | None = None) -> tuple[KernelConfig, ...]:
     if not has_wgmma(arch):
         wg = ()
     else:  # the tile that wins at this head dim (see WGMMA_CANDIDATES)
-        wg = WGMMA_CANDIDATES if d is None else (WGMMA_BY_HEAD_DIM[d],)
+        wg = WGMMA_CANDIDATES if d is None else tuple(c for c in (WGMMA_BY_HEAD_DIM.get(d),) if c)
     return CANDIDATES + MMA_CANDIDATES + wide + wg
 
 

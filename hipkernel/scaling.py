@@ -146,7 +146,8 @@ def _loadavg() -> list[float] | None:
 
 def warm_cache(backend=None) -> dict:
     """Compile every module the runs can need into the disk cache: each head dim of
-    ``config.HEAD_DIMS`` x each config of ``config.candidates(arch)``, as ``hipkernel.api``
+    ``config.HEAD_DIMS`` x each config of ``config.candidates(arch)`` that fits it (what the
+    tuner and the fuzz shards can launch), as ``hipkernel.api``
     compiles them. ``backend`` defaults to ``get_backend()``. Returns what it did."""
     from hipkernel import api
     from hipkernel.config import HEAD_DIMS, candidates
@@ -159,7 +160,7 @@ def warm_cache(backend=None) -> dict:
     t0 = time.perf_counter()
     kernels = [backend.compile(api.kernel_source(cfg.path), api.kernel_defines(d, cfg),
                                api.KERNEL_NAME)
-               for d in HEAD_DIMS for cfg in candidates(backend.arch, d)]
+               for d in HEAD_DIMS for cfg in candidates(backend.arch) if cfg.fits(d)]
     cache = getattr(backend, "disk_cache", None)
     return {"backend": backend.name, "arch": backend.arch, "device_name": backend.device_name,
             "modules": len(kernels), "seconds": round(time.perf_counter() - t0, 3),

@@ -123,7 +123,7 @@ def test_source_hash_is_stable_and_inlines_headers():
 
 
 def test_source_hash_covers_every_kernel_file(monkeypatch, tmp_path):
-    """An edit of either path's file or of the shared header changes the hash."""
+    """An edit of any path's file or of a shared header changes the hash."""
     import shutil
 
     for f in api.KERNEL_DIR.iterdir():
@@ -131,7 +131,8 @@ def test_source_hash_covers_every_kernel_file(monkeypatch, tmp_path):
             shutil.copy(f, tmp_path / f.name)
     monkeypatch.setattr(api, "KERNEL_DIR", tmp_path)
     base = api.source_hash()
-    for name in ("gqa_flash_prefill.hip", "gqa_flash_prefill_mma.hip", "portable.h"):
+    for name in ("gqa_flash_prefill.hip", "gqa_flash_prefill_mma.hip", "portable.h",
+                 "gqa_flash_prefill_wgmma.hip", "wgmma.h", "flash_rows.h"):
         f = tmp_path / name
         text = f.read_text()
         f.write_text(text + "// edit\n")
@@ -156,6 +157,62 @@ def test_mma_config_accepted_and_checked_against_the_target():
         api.flash_prefill_v3(amd, 0x100, 0x200, 0x300, 0, 0x500,
                              config=KernelConfig(4, 64, "mma"), **geom)
     assert not amd.launches and not amd.calls  # refused before any device call
+
+
+def test_wgmma_config_needs_an_sm90_target():
+    """path "wgmma" runs on sm_90 (its kernels are compiled for sm_90a) only: elsewhere, the
+    tensor-core sm_80 included, a ValueError naming the path before any device call; on
+    sm_90 it launches the wgmma source with a warpgroup per 64 rows."""
+    from hipkernel.config import KernelConfig
+
+    geom = dict(B=1, Sq=40, Hq=8, Hkv=2, d=64, S_cap=64, past_len=24)
+    for arch in ("sm_80", "sm_100", "gfx942"):
+        be = RecordingBackend(arch=arch)
+        with pytest.raises(ValueError, match="^config: path 'wgmma' needs an NVIDIA sm_90") as e:
+            api.flash_prefill_v3(be, 0x100, 0x200, 0x300, 0, 0x500,
+                                 config=KernelConfig(8, 64, "wgmma"), **geom)
+        assert arch in str(e.value), f"the message does not name the target: {e.value}"
+        assert not be.calls, f"{arch}: device calls before the error: {be.calls}"
+    # the NumPy level refuses it before allocating too
+    q, k, v, past = _inputs()
+    sm80 = RecordingBackend(arch="sm_80")
+    with pytest.raises(ValueError, match="^config: path 'wgmma'"):
+        hipkernel.attention(q, k, v, past_len=past, backend=sm80,
+                            config={"path": "wgmma", "m_tiles": 8, "bkv": 64})
+    assert sm80.calls == [], f"device calls before the error: {sm80.calls}"
+    # an impossible wgmma tile is refused by the config itself
+    with pytest.raises(ValueError, match="^config: m_tiles: path 'wgmma'"):
+        hipkernel.attention(q, k, v, past_len=past, backend=RecordingBackend(arch="sm_90"),
+                            config={"path": "wgmma", "m_tiles": 2, "bkv": 64})
+    for arch in ("sm_90", "sm_90a"):
+        be = RecordingBackend(arch=arch)
+        sources = []
+        compile_ = be.compile
+        be.compile = lambda src, defines, name: (sources.append(src), compile_(src, defines, name))[1]
+        assert api.flash_prefill_v3(be, 0x100, 0x200, 0x300, 0, 0x500,
+                                    config={"path": "wgmma", "m_tiles": 8, "bkv": 64}, **geom) == 0
+        assert sources == [api.kernel_source("wgmma")], f"{arch}: not compiled from the wgmma source"
+        launch = be.launches[-1]
+        assert launch["kernel"] == {"HEAD_DIM": 64, "M_TILES": 8, "BKV": 64}
+        assert launch["block"] == (256, 1, 1) and launch["grid"] == (1, 8, 1)
+    # a 128-key wgmma tile does not fit in shared memory at d = 128
+    be = RecordingBackend(arch="sm_90")
+    with pytest.raises(ValueError, match="^config: bkv: 128 keys at d=128"):
+        api.flash_prefill_v3(be, 0x100, 0x200, 0x300, 0, 0x500,
+                             config=KernelConfig(8, 128, "wgmma"), **(geom | {"d": 128}))
+    assert not be.calls
+
+
+def test_wgmma_source_is_its_own_translation_unit():
+    """The wgmma kernel inlines its headers (wgmma.h, flash_rows.h, portable.h) like the other
+    paths, and only it carries wgmma instructions."""
+    wg = api.kernel_source("wgmma")
+    assert '#include "' not in wg and "gqa_flash_prefill" in wg
+    assert "wgmma.mma_async" in wg
+    assert all(f"---- begin {h} ----" in wg for h in ("wgmma.h", "flash_rows.h")), \
+        "a header of the wgmma kernel is not inlined"
+    assert "wgmma.mma_async" not in api.kernel_source("mma") + api.kernel_source("scalar")
+    assert len({api.kernel_source(p) for p in api.KERNEL_FILES}) == 3
 
 
 def test_misaligned_device_pointer_rejected():

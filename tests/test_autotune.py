@@ -100,31 +100,41 @@ def test_explicit_config_skips_tuning():
 # ---- candidates per target (hipkernel.config.candidates) -------------------------------
 
 def test_sweep_covers_the_targets_candidates():
-    """On sm_80+ the sweep adds the mma configs, compiled from the mma source; elsewhere
-    only the scalar configs run. The winner of an sm_90 key may be an mma config."""
-    from hipkernel.config import MMA_CANDIDATES, MMA_WIDE_CANDIDATES, candidates
+    """On sm_80+ the sweep adds the mma configs, compiled from the mma source, and on sm_90
+    the wgmma tile of the head dim, compiled from the wgmma source; elsewhere only the
+    scalar configs run. The winner of an sm_90 key may be an mma config."""
+    from hipkernel.config import MMA_CANDIDATES, MMA_WIDE_CANDIDATES, WGMMA_BY_HEAD_DIM, candidates
 
     fastest = MMA_CANDIDATES[1]
+    path_of = {api.kernel_source(p): p for p in api.KERNEL_FILES}
+
+    def recording(be):
+        sources = []
+        compile_ = be.compile
+        be.compile = lambda src, defines, name: (sources.append(path_of.get(src, "?")),
+                                                 compile_(src, defines, name))[1]
+        return sources
+
     be = RecordingBackend(arch="sm_90",
                           times={(fastest.m_tiles, fastest.bkv): 0.1})
-    sources = []
-    compile_ = be.compile
-    mma_src = api.kernel_source("mma")
-    be.compile = lambda src, defines, name: (sources.append("mma" if src == mma_src else "scalar"),
-                                             compile_(src, defines, name))[1]
+    sources = recording(be)
     prefill_chunk(be, 512)
     n_cands = len(candidates("sm_90", 64))
-    assert n_cands == len(CANDIDATES) + len(MMA_CANDIDATES) + len(MMA_WIDE_CANDIDATES)
+    assert n_cands == len(CANDIDATES) + len(MMA_CANDIDATES) + len(MMA_WIDE_CANDIDATES) + 1
     assert len(sources) == n_cands + 1  # one compile per candidate, then the chosen one's
-    assert sources[:n_cands].count("mma") == len(MMA_CANDIDATES) + len(MMA_WIDE_CANDIDATES)
+    assert sources[:n_cands] == (["scalar"] * len(CANDIDATES)
+                                 + ["mma"] * (len(MMA_CANDIDATES) + len(MMA_WIDE_CANDIDATES))
+                                 + ["wgmma"]), sources
     assert TUNER.choices()[0]["config"] in {c.name for c in candidates("sm_90")}
+    assert WGMMA_BY_HEAD_DIM[64].name in TUNER.choices()[0]["times_ms"], "wgmma tile not timed"
+    sm80 = RecordingBackend(arch="sm_80")  # tensor cores, no wgmma
+    sm80_sources = recording(sm80)
+    prefill_chunk(sm80, 512)
+    assert len(sm80_sources) == len(candidates("sm_80", 64)) + 1 and "wgmma" not in sm80_sources
     amd = RecordingBackend(arch="gfx1151")
-    amd_sources = []
-    amd_compile = amd.compile
-    amd.compile = lambda src, defines, name: (amd_sources.append(src == mma_src),
-                                              amd_compile(src, defines, name))[1]
+    amd_sources = recording(amd)
     prefill_chunk(amd, 512)
-    assert len(amd_sources) == len(CANDIDATES) + 1 and not any(amd_sources)
+    assert amd_sources == ["scalar"] * (len(CANDIDATES) + 1), amd_sources
 
 
 def test_tune_disabled_uses_the_targets_default(monkeypatch):

@@ -404,6 +404,27 @@ def test_cuda_check_carries_the_whole_compile_log(monkeypatch):
     assert e.value.log == log and log in str(e.value)  # whole, not truncated
 
 
+def test_cuda_target_is_sm90a_on_compute_capability_90(monkeypatch):
+    """The CUDA backend compiles for ``sm_90a`` on a 9.0 device (the arch-specific target
+    that has wgmma), ``sm_XY`` on any other device this NVRTC knows, and PTX for the newest
+    arch it knows on a newer device. No GPU: the unbound method on a bare object."""
+    from hipkernel.config import has_wgmma
+
+    be = object.__new__(cuda_be.CudaBackend)
+    be.compiler_version = "nvrtc 13.0 (fake)"
+    monkeypatch.setattr(cuda_be, "supported_archs", lambda: [75, 80, 86, 89, 90, 100, 120])
+    assert be._target(90) == "sm_90a"
+    assert be._target(80) == "sm_80"
+    assert be._target(89) == "sm_89" and be._target(100) == "sm_100"  # no "a" elsewhere
+    assert be._target(121) == "compute_120"  # newer than NVRTC knows: PTX, JIT by the driver
+    assert has_wgmma(be._target(90)) and not has_wgmma(be._target(100))
+    monkeypatch.setattr(cuda_be, "supported_archs", lambda: [])  # NVRTC cannot list them
+    assert be._target(90) == "sm_90a" and be._target(80) == "sm_80"
+    monkeypatch.setattr(cuda_be, "supported_archs", lambda: [80, 86])
+    with pytest.raises(BackendUnavailable, match="sm_75"):
+        be._target(75)
+
+
 def test_hip_check_decodes_both_hip_python_conventions(monkeypatch):
     hiprtcResult = type("hiprtcResult", (FakeEnum,), {})
     monkeypatch.setattr(hip_be, "hip", types.SimpleNamespace(

@@ -275,6 +275,50 @@ def test_kernel_variants_cover_both_paths():
     assert {(d, f"{MMA_DEFAULT.name}+{m.name}", "mma") for d in HEAD_DIMS for m in MUTANTS} <= names
 
 
+def test_wgmma_variants_compile_for_sm90a_only(monkeypatch):
+    """wgmma variants are sm_90a code: only the sm_90a target compiles them (not sm_90, whose
+    PTX has no wgmma, nor sm_80 / sm_100 / AMD), from the wgmma source; sm_90a takes the
+    scalar and mma variants too."""
+    wg = build.Variant(64, "wgmma_m8_b64", {"HEAD_DIM": 64}, "wgmma")
+    mma = build.Variant(64, "mma_m4_b64", {"HEAD_DIM": 64}, "mma")
+    scalar = build.Variant(64, "m4_b64", {"HEAD_DIM": 64})
+    for target in ("sm_90a", "sm_90", "sm_80", "sm_100", "sm_100a", "compute_90", "gfx942", "gfx90a"):
+        assert build._compiles_for(wg, target) == (target == "sm_90a"), target
+    assert build._compiles_for(mma, "sm_90a") and build._compiles_for(scalar, "sm_90a")
+    seen = []
+
+    def fake(tool, target, source, defines, kernel_name, workdir):
+        if source != build.PROBE:
+            seen.append((target, source))
+        return _fake_compile(tool, target, source, defines, kernel_name, workdir)
+
+    monkeypatch.setattr(build, "compile_with", fake)
+    rows = build.check(["sm_90a", "sm_90", "sm_80", "gfx942"],
+                       {"scalar": "S", "mma": "M", "wgmma": "W"}, [scalar, mma, wg], "k", jobs=0)
+    assert [(r.target, r.config) for r in rows] == [
+        ("sm_90a", "m4_b64"), ("sm_90a", "mma_m4_b64"), ("sm_90a", "wgmma_m8_b64"),
+        ("sm_90", "m4_b64"), ("sm_90", "mma_m4_b64"), ("sm_80", "m4_b64"), ("sm_80", "mma_m4_b64"),
+        ("gfx942", "m4_b64")]
+    assert [t for t, src in seen if src == "W"] == ["sm_90a"]
+    assert build.DEFAULT_TARGETS[0] == "sm_90a" and "sm_90" in build.DEFAULT_TARGETS
+
+
+def test_kernel_variants_cover_the_wgmma_path():
+    from hipkernel import api
+    from hipkernel.config import HEAD_DIMS, WGMMA_BY_HEAD_DIM, WGMMA_CANDIDATES
+    from refattn.mutants import MUTANTS
+
+    plain = [(v.d, v.config, v.path) for v in build.kernel_variants() if v.path == "wgmma"]
+    assert plain == [(d, WGMMA_BY_HEAD_DIM[d].name, "wgmma") for d in HEAD_DIMS]
+    vs = build.kernel_variants(mutants=True)
+    names = {(v.d, v.config, v.path) for v in vs}
+    first = WGMMA_CANDIDATES[0]
+    assert {(d, f"{first.name}+{m.name}", "wgmma") for d in HEAD_DIMS for m in MUTANTS} <= names
+    for v in vs:
+        if v.config == f"{first.name}+{MUTANTS[0].name}":
+            assert v.defines == api.kernel_defines(v.d, first, {MUTANTS[0].name}), v
+
+
 def test_spill_and_error_fail_the_check(monkeypatch):
     monkeypatch.setattr(build, "compile_with", _fake_compile)
     variants = [build.Variant(64, "m4_b64", {"HEAD_DIM": 64, "SPILLY": 1}),
@@ -366,6 +410,60 @@ def test_nvrtc_compile_error_carries_the_log():
     with pytest.raises(CompileError) as e:
         cuda_be.compile_offline(TINY.replace("SCALE", "NO_SUCH_NAME"), {}, "sm_90")
     assert "NO_SUCH_NAME" in e.value.log and "NVRTC_ERROR_COMPILATION" in str(e.value)
+
+
+def test_real_wgmma_kernel_sm90a(tmp_path):
+    """The real check of the wgmma path for sm_90a at its tile of each head dim (wgmma_m8_b64
+    at d=64, wgmma_m8_b32 at d=128): compiles, no spill, and the static shared memory ptxas
+    reports is what KernelConfig.smem_bytes predicts (3 stages, 48 KiB)."""
+    try:
+        cuda_be.nvrtc_version()
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"NVRTC not usable here: {e}")
+    archs = cuda_be.supported_archs()
+    if archs and 90 not in archs:
+        pytest.skip(f"this NVRTC cannot compile for sm_90a (supports {archs})")
+    from hipkernel import api
+    from hipkernel.config import WGMMA_BY_HEAD_DIM
+
+    if not api.KERNEL_FILES["wgmma"].exists():
+        pytest.skip(f"{api.KERNEL_FILES['wgmma']} is not there")
+    out = tmp_path / "sm90a.json"
+    names = ",".join(c.name for c in WGMMA_BY_HEAD_DIM.values())
+    rc = build.main(["--targets", "sm_90a", "--configs", names, "--json", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["target"], r["d"], r["config"], r["status"]) for r in rows] == [
+        ("sm_90a", d, c.name, "ok") for d, c in WGMMA_BY_HEAD_DIM.items()], rows
+    assert rc == 0
+    for r in rows:
+        cfg = WGMMA_BY_HEAD_DIM[r["d"]]
+        assert r["spills"] == 0 and 0 < r["regs"] <= 255, r
+        assert r["smem"] == cfg.smem_bytes(r["d"]) == 48 * 1024, r
+
+
+def test_wgmma_shared_memory_is_what_the_config_says():
+    """For every wgmma tile that fits (m_tiles 4/8 x bkv 32/64/128 x each head dim), the
+    kernel's static shared memory (ptxas, sm_90a) is ``KernelConfig.smem_bytes``: the
+    stage count the .hip derives is the one ``kv_stages`` models, and no tile spills."""
+    try:
+        cuda_be.nvrtc_version()
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"NVRTC not usable here: {e}")
+    archs = cuda_be.supported_archs()
+    if archs and 90 not in archs:
+        pytest.skip(f"this NVRTC cannot compile for sm_90a (supports {archs})")
+    from hipkernel import api
+    from hipkernel.config import HEAD_DIMS, KernelConfig
+
+    tiles = [(d, KernelConfig(m, b, "wgmma")) for d in HEAD_DIMS for m in (4, 8) for b in (32, 64, 128)]
+    fitting = [(d, c) for d, c in tiles if c.fits(d)]
+    assert len(fitting) == len(tiles) - 2  # 128-key tiles at d = 128 need 64 KiB
+    variants = [build.Variant(d, c.name, api.kernel_defines(d, c), "wgmma") for d, c in fitting]
+    rows = build.check(["sm_90a"], {"wgmma": api.kernel_source("wgmma")}, variants,
+                       api.KERNEL_NAME, jobs=0)
+    got = {(r.d, r.config): (r.status, r.smem) for r in rows}
+    want = {(d, c.name): ("ok", c.smem_bytes(d)) for d, c in fitting}
+    assert got == want, {k: (got.get(k), w) for k, w in want.items() if got.get(k) != w}
 
 
 def test_real_kernel_sm90(tmp_path):

@@ -35,7 +35,8 @@ from hypothesis import strategies as st
 import hipkernel
 from hipkernel import api, model, reliability
 from hipkernel.autotune import Autotuner
-from hipkernel.config import CANDIDATES, DEFAULT, HEAD_DIMS, MMA_CANDIDATES, KernelConfig, has_mma
+from hipkernel.config import (CANDIDATES, DEFAULT, HEAD_DIMS, MMA_CANDIDATES, WGMMA_BY_HEAD_DIM,
+                              KernelConfig, has_mma)
 from hipkernel.reliability import Geometry
 from refattn.cases import OUT_CANARY_BITS, Case, make_inputs
 from refattn.kernels import get_kernel
@@ -292,6 +293,16 @@ def test_random_geometry_is_reproducible_capped_and_varied():
     assert any(g.Hq // g.Hkv > 1 and g.Hkv > 1 for g in gs)
 
 
+def test_random_geometry_draws_only_configs_that_fit_the_head_dim():
+    """A 128-key wgmma tile needs 64 KiB of shared memory at d = 128: drawn at d = 64 only."""
+    big, small = KernelConfig(8, 128, "wgmma"), KernelConfig(8, 32, "wgmma")
+    rng = np.random.default_rng(5)
+    gs = [reliability.random_geometry(rng, 2**18, configs=(big, small)) for _ in range(200)]
+    by_d = {d: {g.config for g in gs if g.d == d} for d in HEAD_DIMS}
+    assert by_d == {64: {big.name, small.name}, 128: {small.name}}, by_d
+    assert all(g.kernel_config().fits(g.d) for g in gs)
+
+
 def test_fit_cost_shrinks_work_not_raggedness():
     g = Geometry(2, 300, 64, 8, 128, 3000, -1, "per_head", 0, "m4_b64")
     small = reliability.fit_cost(g, 10**6)
@@ -365,8 +376,16 @@ def test_fuzz_covers_the_mma_path_where_the_arch_has_it():
     rep = reliability.fuzz(be, n=8, seed=4, max_cost=20_000)
     assert rep["ok"], rep["failures"]
     assert any(name.startswith("mma_") for name in rep["configs"])
-    assert {l["kernel"]["PATH"] for l in be.launches} == {"scalar", "mma"}
+    assert any(name.startswith("wgmma_") for name in rep["configs"])  # sm_90: wgmma too
+    assert {l["kernel"]["PATH"] for l in be.launches} == {"scalar", "mma", "wgmma"}
+    sm80 = ModelBackend(arch="sm_80")  # tensor cores without wgmma
+    rep80 = reliability.fuzz(sm80, n=8, seed=4, max_cost=20_000)
+    assert rep80["ok"], rep80["failures"]
+    assert {l["kernel"]["PATH"] for l in sm80.launches} <= {"scalar", "mma"}
+    assert not any(name.startswith("wgmma_") for name in rep80["configs"])
     assert reliability.config_from_name("mma_m4_b64") == KernelConfig(4, 64, "mma")
+    assert reliability.config_from_name("wgmma_m8_b64") == KernelConfig(8, 64, "wgmma")
+    assert reliability.config_from_name("wgmma_m8_b32").name == "wgmma_m8_b32"
     assert reliability.config_from_name("m1_b32") == KernelConfig(1, 32)
     wide = KernelConfig(8, 64, "mma", 2)
     assert reliability.config_from_name(wide.name) == wide
@@ -485,10 +504,19 @@ def test_sanitize_target_runs_every_case_and_restores_the_env(suite_dir, monkeyp
     assert f"{len(CANDIDATES)} calls, 0 bad" in capsys.readouterr().out
     with pytest.raises(ValueError, match="^cache"):
         reliability.sanitize_target(["tiny"], backend=be, cache="loose")
-    sm90 = ModelBackend(arch="sm_90")  # tensor cores: the mma defaults (16 and 32 rows a warp) too
+    # tensor cores: the mma defaults (16 and 32 rows a warp) too, and on sm_90 the wgmma tile
+    # of the head dim
+    sm90 = ModelBackend(arch="sm_90")
     assert reliability.sanitize_target(["tiny"], backend=sm90, judge=True) == 0
-    assert {l["kernel"]["PATH"] for l in sm90.launches} == {"scalar", "mma"}
+    assert {l["kernel"]["PATH"] for l in sm90.launches} == {"scalar", "mma", "wgmma"}
     assert sum(l["kernel"].get("WARP_M") == 2 for l in sm90.launches) == 2  # both d=64 cases
+    wg = WGMMA_BY_HEAD_DIM[64]
+    assert [(l["kernel"]["M_TILES"], l["kernel"]["BKV"]) for l in sm90.launches
+            if l["kernel"]["PATH"] == "wgmma"] == [(wg.m_tiles, wg.bkv)] * 2  # both d=64 cases
+    assert "9 calls, 0 bad" in capsys.readouterr().out
+    sm80 = ModelBackend(arch="sm_80")  # mma, no wgmma: two fewer calls
+    assert reliability.sanitize_target(["tiny"], backend=sm80, judge=True) == 0
+    assert {l["kernel"]["PATH"] for l in sm80.launches} == {"scalar", "mma"}
     assert "7 calls, 0 bad" in capsys.readouterr().out
 
 

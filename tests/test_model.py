@@ -17,7 +17,8 @@ import pytest
 
 from hipkernel import model
 from hipkernel.config import (CANDIDATES, DEFAULT, HEAD_DIMS, MMA_CANDIDATES, MMA_WIDE_CANDIDATES,
-                              KernelConfig, candidates, default_config)
+                              WGMMA_BY_HEAD_DIM, WGMMA_CANDIDATES, WGMMA_MAX_STAGES, KernelConfig,
+                              candidates, compiled_variants, default_config, has_mma, has_wgmma)
 from refattn import reference
 from refattn.mutants import MUTANTS, by_name
 
@@ -318,9 +319,15 @@ def test_mma_config_geometry_and_candidates():
     with pytest.raises(ValueError, match="^bkv"):
         KernelConfig(4, 128, "mma").defines(128)
     assert candidates("gfx1151") == CANDIDATES == candidates("sm_75") == candidates("gfx942", 64)
-    assert candidates("sm_90", 128) == CANDIDATES + MMA_CANDIDATES == candidates("sm_80", 128)
-    assert candidates("sm_90", 64) == CANDIDATES + MMA_CANDIDATES + MMA_WIDE_CANDIDATES
-    assert candidates("sm_90") == candidates("sm_90", 64)  # d=None: every runnable config
+    assert candidates("sm_80", 128) == CANDIDATES + MMA_CANDIDATES
+    assert candidates("sm_80", 64) == CANDIDATES + MMA_CANDIDATES + MMA_WIDE_CANDIDATES
+    # sm_90 adds the wgmma tile of the head dim (after the mma ones)
+    assert candidates("sm_90", 128) == CANDIDATES + MMA_CANDIDATES + (WGMMA_BY_HEAD_DIM[128],)
+    assert candidates("sm_90", 64) == (CANDIDATES + MMA_CANDIDATES + MMA_WIDE_CANDIDATES
+                                       + (WGMMA_BY_HEAD_DIM[64],))
+    # d=None: every runnable config, so both wgmma tiles
+    assert candidates("sm_90") == CANDIDATES + MMA_CANDIDATES + MMA_WIDE_CANDIDATES + WGMMA_CANDIDATES
+    assert candidates("sm_80") == candidates("sm_80", 64)
     assert default_config("sm_90").path == "mma" and default_config("gfx90a") == DEFAULT
 
 
@@ -346,6 +353,100 @@ def test_mma_model_rounds_p_to_fp16():
     mma = run_model(replace(s, config=KernelConfig(4, 64, "mma")))
     assert not np.array_equal(scalar, mma)
     assert rel_l2(mma, scalar) < 2e-3
+
+
+def test_wgmma_config_geometry_and_shared_memory():
+    """path "wgmma": a warpgroup (4 warps) per 64 rows, so 32 threads per 16 rows as on the
+    mma path; K/V tiles unpadded (bkv x d halves each), as many stages as fit in 48 KiB, at
+    most WGMMA_MAX_STAGES."""
+    c = KernelConfig(8, 64, "wgmma")
+    assert (c.block_rows, c.threads, c.name) == (128, 256, "wgmma_m8_b64")
+    assert (KernelConfig(4, 32, "wgmma").threads, KernelConfig(4, 32, "wgmma").name) == (128, "wgmma_m4_b32")
+    assert c.grid(Sq=129, Hq=64, B=2) == (2, 64, 2)
+    assert c.defines(64) == {"HEAD_DIM": 64, "M_TILES": 8, "BKV": 64}  # the file differs, not -D
+    assert WGMMA_MAX_STAGES == 4
+    # (8, 64) at d = 64 and (8, 32) at d = 128: 16 KiB a stage, 3 stages = the whole 48 KiB
+    assert (c.kv_stages(64), c.smem_bytes(64)) == (3, 3 * 2 * 64 * 64 * 2) == (3, 49152)
+    c128 = KernelConfig(8, 32, "wgmma")
+    assert (c128.kv_stages(128), c128.smem_bytes(128)) == (3, 49152)
+    assert c.fits(64) and c128.fits(128)
+    # capped at 4 stages: (8, 32) at d = 64 is 8 KiB a stage, 6 would fit
+    assert (c128.kv_stages(64), c128.smem_bytes(64)) == (4, 4 * 2 * 32 * 64 * 2)
+    # one 128-key stage is 32 KiB at d = 64 (fits) and 64 KiB at d = 128 (does not)
+    big = KernelConfig(8, 128, "wgmma")
+    assert (big.kv_stages(64), big.smem_bytes(64), big.fits(64)) == (1, 32768, True)
+    assert (big.kv_stages(128), big.smem_bytes(128), big.fits(128)) == (1, 65536, False)
+    with pytest.raises(ValueError, match="^bkv: 128 keys at d=128"):
+        big.defines(128)
+    assert all(w.fits(d) for d, w in WGMMA_BY_HEAD_DIM.items())
+    assert WGMMA_CANDIDATES == (KernelConfig(8, 64, "wgmma"), KernelConfig(8, 32, "wgmma"))
+    assert {d: w.name for d, w in WGMMA_BY_HEAD_DIM.items()} == {64: "wgmma_m8_b64", 128: "wgmma_m8_b32"}
+
+
+@pytest.mark.parametrize("kw, field", [
+    (dict(m_tiles=1, bkv=64), "m_tiles"),   # 16 rows: not a warpgroup's 64
+    (dict(m_tiles=2, bkv=64), "m_tiles"),
+    (dict(m_tiles=8, bkv=16), "bkv"),       # not an n the Q.K wgmma takes here
+    (dict(m_tiles=8, bkv=64, warp_m=2), "warp_m"),  # 32 rows a warp: the mma path only
+])
+def test_wgmma_config_validation(kw, field):
+    with pytest.raises(ValueError, match=f"^{field}") as e:
+        KernelConfig(path="wgmma", **kw)
+    assert "'wgmma'" in str(e.value), f"the message does not name the path: {e.value}"
+
+
+@pytest.mark.parametrize("arch, mma, wgmma", [
+    ("sm_90", True, True), ("sm_90a", True, True),
+    ("sm_80", True, False), ("sm_89", True, False), ("sm_100", True, False),
+    ("sm_120", True, False), ("sm_75", False, False),
+    ("gfx942", False, False), ("gfx90a", False, False), ("gfx1151", False, False),
+    ("sm_test", False, False),
+])
+def test_has_wgmma_truth_table(arch, mma, wgmma):
+    """wgmma is sm_90a code: compute capability 9.0 only (not 10.x, whose sm_100a has no
+    wgmma)."""
+    assert (has_mma(arch), has_wgmma(arch)) == (mma, wgmma), arch
+
+
+def test_wgmma_candidates_only_on_sm90():
+    """On sm_90 each head dim's sweep ends with its wgmma tile; sm_80 and AMD get none."""
+    assert candidates("sm_90", 64)[-1].name == "wgmma_m8_b64"
+    assert candidates("sm_90", 128)[-1].name == "wgmma_m8_b32"
+    assert [c.name for c in candidates("sm_90a", 64) if c.path == "wgmma"] == ["wgmma_m8_b64"]
+    assert [c.name for c in candidates("sm_90") if c.path == "wgmma"] == ["wgmma_m8_b64", "wgmma_m8_b32"]
+    for arch in ("sm_80", "sm_89", "sm_100", "gfx942", "gfx1151"):
+        for d in (None, *HEAD_DIMS):
+            assert not [c.name for c in candidates(arch, d) if c.path == "wgmma"], (arch, d)
+    assert all(c.fits(d) for d in HEAD_DIMS for c in candidates("sm_90", d))
+    assert default_config("sm_90").path == "mma"  # no sweep: the mma default, not wgmma
+
+
+def test_compiled_variants_hold_both_wgmma_tiles():
+    """What the offline build check compiles: sm_90a's candidates per head dim, so each wgmma
+    tile at its own head dim, and nothing that overflows shared memory."""
+    variants = compiled_variants()
+    assert [(d, c.name) for d, c in variants if c.path == "wgmma"] == [
+        (64, "wgmma_m8_b64"), (128, "wgmma_m8_b32")]
+    assert variants == [(d, c) for d in HEAD_DIMS for c in candidates("sm_90a", d)]
+    assert all(c.fits(d) for d, c in variants)
+    assert len(set(variants)) == len(variants)
+
+
+@pytest.mark.parametrize("d, bkv", [(64, 64), (128, 32)])
+def test_wgmma_model_is_the_mma_model(d, bkv):
+    """The model of "wgmma" is the model of "mma" at the same tiles (P rounded to fp16 before
+    P.V, the same KV walk): bitwise equal output, with a sink, a window and a ragged tail.
+    Against the scalar path they differ by that rounding only."""
+    s = Shape("wgmma", B=2, Sq=150, Hq=8, Hkv=2, d=d, past=83, window=70, sink="per_head", seed=3)
+    wg = run_model(replace(s, config=KernelConfig(8, bkv, "wgmma")))
+    mma = run_model(replace(s, config=KernelConfig(8, bkv, "mma")))
+    scalar = run_model(replace(s, config=KernelConfig(8, bkv)))
+    assert wg.dtype == np.float16 and wg.shape == (2, 150, 8, d) and np.isfinite(wg).all()
+    assert np.array_equal(wg.view(np.uint16), mma.view(np.uint16)), \
+        f"wgmma and mma models differ at {int((wg != mma).sum())} elements"
+    assert not np.array_equal(wg, scalar)  # the fp16 P rounding is there
+    assert rel_l2(wg, scalar) < 2e-3
+    assert_close(wg, run_reference(s))
 
 
 @pytest.mark.parametrize("args, field", [((3, 64), "m_tiles"), ((4, 48), "bkv"),

@@ -296,12 +296,24 @@ def test_the_timed_command():
 
 
 def test_warm_up_compiles_every_head_dim_and_candidate():
-    for arch in ("sm_90", "gfx942"):  # the mma configs only where the target has them
+    # the tensor-core configs only where the target has them; per head dim, every config the
+    # runs can launch there: the tuner's candidates and what the fuzz shards draw from
+    # candidates(arch) (the 32-rows-a-warp mma configs and both wgmma tiles at each head dim
+    # they fit)
+    for arch in ("sm_90", "sm_80", "gfx942"):
         be = RecordingBackend(arch=arch)
+        paths = []  # the defines alone do not tell mma_m8_b64 from wgmma_m8_b64: the source does
+        path_of = {api.kernel_source(p): p for p in api.KERNEL_FILES}
+        compile_ = be.compile
+        be.compile = lambda src, defines, name: (paths.append(path_of.get(src, "?")),
+                                                 compile_(src, defines, name))[1]
         warm = SC.warm_cache(be)
-        want = [api.kernel_defines(d, c) for d in HEAD_DIMS for c in candidates(arch)]
+        launchable = [(d, c) for d in HEAD_DIMS for c in candidates(arch) if c.fits(d)]
+        assert all(c in candidates(arch) for d in HEAD_DIMS for c in candidates(arch, d))
+        want = [api.kernel_defines(d, c) for d, c in launchable]
         assert [defines for _, defines in be.calls] == want
-        assert warm["modules"] == len(want) == len(HEAD_DIMS) * len(candidates(arch))
+        assert paths == [c.path for _, c in launchable], arch
+        assert warm["modules"] == len(want)
         assert warm["arch"] == arch and warm["backend"] == "recording"
     assert SC.device_label(2, "NVIDIA H200") == "2x NVIDIA H200"
     assert SC.device_label(1, "NVIDIA H200") == "NVIDIA H200"
