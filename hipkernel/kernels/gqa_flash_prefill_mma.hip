@@ -40,9 +40,13 @@
 // in P.V), so under them the warp walks every tile as the model does.
 // Mutants (refattn/mutants.py) are -DHIPKERNEL_MUTANT_<NAME>=1, each an #ifdef where it bites,
 // at the same places as in gqa_flash_prefill.hip.
+//
+// The wgmma path shares these per-row steps through flash_rows.h; this file keeps its own
+// copy on purpose. Built on flash_rows.h (same steps, same register counts within one) it
+// ran 5-7% slower on the H200 at d = 64, full attention (mma_m8_b64_w2 512@8192 0.264 vs
+// 0.246 ms, 16384@0 8.1 vs 7.7 ms; mma_m4_b64 0.336 vs 0.321 ms), on sm_90 and sm_90a alike.
 
 #include "portable.h"
-#include "flash_rows.h"
 
 #if !HK_CUDA
 #error "gqa_flash_prefill_mma.hip is NVIDIA-only (mma.sync, ldmatrix, cp.async); AMD uses gqa_flash_prefill.hip"
@@ -87,6 +91,8 @@
 #define WARP_SKIP 0
 #endif
 
+#define LOG2E 1.4426950408889634f  // exp(x) = exp2(x * LOG2E)
+
 // Blocks an SM should hold at once: ptxas plans for 65536 / (NTHREADS * MIN_BLOCKS)
 // registers a thread; 0: no minimum (ptxas' own heuristic). Picked from a sweep on the H200
 // (scripts/mma_check.py --sections sweep) among the choices that do not spill:
@@ -112,6 +118,22 @@
 #define MMA_LAUNCH_BOUNDS __launch_bounds__(NTHREADS)
 #endif
 
+// The window's lower bound: key j is inside a window of W keys (self included) ending at
+// absolute position p iff j >= window_lo(p, W) = p - W + 1.
+HK_INLINE int window_lo(int p, int window) {
+#ifdef HIPKERNEL_MUTANT_WINDOW_MASK_OFF_BY_ONE
+    return p - window;  // W + 1 keys
+#else
+    return p - window + 1;
+#endif
+}
+
+// Key j is visible from absolute query position p: causal, and under a window (W > 0)
+// j >= p - W + 1. W < 0: no window.
+HK_INLINE bool visible(int p, int j, int window) {
+    return j <= p && (window < 0 || j >= window_lo(p, window));
+}
+
 extern "C" __global__ MMA_LAUNCH_BOUNDS void gqa_flash_prefill(
     const half_t* HK_RESTRICT q,     // (B, Sq, Hq, D)      contiguous
     const half_t* HK_RESTRICT k,     // (B, Hkv, S_cap, D)  contiguous, S_cap >= past_len + Sq
@@ -130,19 +152,50 @@ extern "C" __global__ MMA_LAUNCH_BOUNDS void gqa_flash_prefill(
     const int g = lane >> 2;  // this lane's fragment rows are g and g + 8
     const int t4 = lane & 3;  // ... and its fragment columns 2 * t4, 2 * t4 + 1 (+ 8)
     const int qt = hk_block_x(), h = hk_block_y(), b = hk_block_z();
-    const int kvh = kv_head(h, Hq, Hkv);
+#ifdef HIPKERNEL_MUTANT_GQA_MODULO
+    const int kvh = h % Hkv;
+#else
+    const int kvh = h / (Hq / Hkv);  // G = Hq / Hkv query heads share a KV head
+#endif
     const int skv = past_len + Sq;  // keys that exist; [skv, S_cap) is never read
-    const int past = query_base(past_len);  // row i sits at absolute position past + i
+#ifdef HIPKERNEL_MUTANT_PAST_LEN_IGNORED
+    const int past = 0;  // top-left causal alignment
+#else
+    const int past = past_len;  // row i sits at absolute position past_len + i
+#endif
 
     // This block's rows and the KV range they can reach.
     const int i0 = qt * BM;
     const int i_last = (i0 + BM < Sq ? i0 + BM : Sq) - 1;
     const int p_first = past + i0, p_last = past + i_last;
-    const int kv_start = kv_start_of(p_first, window);
-    const int t0 = first_tile(p_first, p_last, window, BKV);
-    const int t_end = (p_last + 1 + BKV - 1) / BKV;
-    const bool has_sink = sink_present(sink_mode);
-    const float sig2 = sink_logit2(sink, sink_mode, h);
+    const int kv_end = p_last + 1;
+    const int kv_start = window > 0 ? (p_first - window + 1 > 0 ? p_first - window + 1 : 0) : 0;
+    // Start-tile clamp from the tile's FIRST row: the rows' lower bounds p - W + 1 are
+    // non-decreasing, so this start covers every row and the mask trims the rest.
+#ifdef HIPKERNEL_MUTANT_CLAMP_FROM_LAST_ROW
+    int t0 = window > 0 ? (p_last - window + 1 > 0 ? p_last - window + 1 : 0) / BKV : 0;
+#else
+    int t0 = kv_start / BKV;
+#endif
+#ifdef HIPKERNEL_MUTANT_CLAMP_PLUS_ONE_TILE
+    t0 += 1;
+#endif
+    const int t_end = (kv_end + BKV - 1) / BKV;
+
+    // The sink logit in exp2 space; the epilogue folds it in once.
+#if defined(HIPKERNEL_MUTANT_SINK_IGNORED)
+    const bool has_sink = false;
+#elif defined(HIPKERNEL_MUTANT_SMOOTH_IGNORED)
+    const bool has_sink = sink_mode == 1;
+#else
+    const bool has_sink = sink_mode == 1 || sink_mode == 2;
+#endif
+    const float sigma = sink_mode == 1 ? hk_h2f(sink[h]) : 0.0f;
+#ifdef HIPKERNEL_MUTANT_SINK_NO_LOG2E
+    const float sig2 = sigma;
+#else
+    const float sig2 = sigma * LOG2E;
+#endif
 
     // This warp's WR rows; this lane's rows are iw + 16f + g + 8r (group f, r = 0, 1).
     const int iw = i0 + WR * warp;
@@ -166,8 +219,14 @@ extern "C" __global__ MMA_LAUNCH_BOUNDS void gqa_flash_prefill(
         const half_t* qrow[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r)
-            qrow[r] = ok_r[f][r] ? q + (((hk_u64)b * Sq + i_r[f][r]) * Hq + h) * HEAD_DIM + 2 * t4 : nullptr;
-        load_q_fragments(qf[f], qrow);
+            qrow[r] = q + (((hk_u64)b * Sq + (ok_r[f][r] ? i_r[f][r] : 0)) * Hq + h) * HEAD_DIM + 2 * t4;
+#pragma unroll
+        for (int kc = 0; kc < KC_S; ++kc)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {  // e: (row g, k lo) (row g+8, k lo) (g, k hi) (g+8, k hi)
+                const int r = e & 1;
+                qf[f][kc][e] = ok_r[f][r] ? *(const unsigned int*)(qrow[r] + 16 * kc + 8 * (e >> 1)) : 0u;
+            }
     }
     const float c2 = scale * LOG2E;  // s2 = c2 * dot(q, k): logits in exp2 space
 
@@ -216,7 +275,11 @@ extern "C" __global__ MMA_LAUNCH_BOUNDS void gqa_flash_prefill(
             const int key = ld_key + it * LD_KEYS;
             if (BKV % LD_KEYS == 0 || key < BKV) {
                 const int j = j0 + key;
-                const bool keep = key_kept(j, kv_start, skv, S_cap);
+#ifdef HIPKERNEL_MUTANT_TAIL_UNMASKED
+                const bool keep = j >= kv_start && j < S_cap;  // raw past skv: NaN canaries
+#else
+                const bool keep = j >= kv_start && j < skv;
+#endif
                 // a key not kept reads nothing (src-size 0); its address is the base anyway
                 const unsigned int dst = ld_dst + 2u * (st * KV_TILE + it * LD_KEYS * KV_STRIDE);
                 hk_cp_async_16(k_s0 + dst, keep ? kt + it * LD_KEYS * HEAD_DIM : kg, keep);
@@ -274,23 +337,93 @@ extern "C" __global__ MMA_LAUNCH_BOUNDS void gqa_flash_prefill(
                     }
                 }
 
-            // Invisible keys get -inf. A tile every row of the warp sees whole needs no
+            // Invisible keys get -inf. Element e of s[nb] is row g + 8 (e >> 1), key
+            // j0 + 8nb + 2 t4 + (e & 1). A tile every row of the warp sees whole needs no
             // per-element test.
             const bool whole = j0 + BKV - 1 <= pw_first &&
                                (window < 0 || j0 >= window_lo(pw_last, window));
+            if (!whole) {
+#pragma unroll
+                for (int f = 0; f < WARP_M; ++f)
+#pragma unroll
+                    for (int nb = 0; nb < NB_S; ++nb)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            const int j = j0 + 8 * nb + 2 * t4 + (e & 1);
+                            if (!visible(p_r[f][e >> 1], j, window)) s[f][nb][e] = hk_neg_inf();
+                        }
+            }
 #pragma unroll
             for (int f = 0; f < WARP_M; ++f) {
-                if (!whole) mask_scores(s[f], j0, t4, p_r[f], window);
-                softmax_step(s[f], m[f], l[f], o[f], c2, has_sink, sig2);
-            }
+                // The row max of the logits in exp2 space, s2 = c2 * dot: c2 > 0 and rounding is
+                // monotonic, so max_j fl(c2 dot_j) = fl(c2 max_j dot_j) exactly.
+                float m_tile[2] = {hk_neg_inf(), hk_neg_inf()};
+#pragma unroll
+                for (int nb = 0; nb < NB_S; ++nb)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) m_tile[e >> 1] = hk_fmax(m_tile[e >> 1], s[f][nb][e]);
+
+                // Online softmax per row. NaN guard: a row that has seen nothing so far and sees
+                // nothing in this tile (m_new = -inf) keeps (m, l, acc): it takes alpha = 1 and
+                // p = 0 instead of exp2(-inf - -inf) = NaN.
+                //   p_j = exp2(s2_j - m_new) = exp2(fma(dot_j, c2, -m_new)), one FFMA and one MUFU;
+                //   an invisible key (dot = -inf) gives exp2(-inf) = 0 with no select. A row that
+                //   does not update has only invisible keys: its shift is 0, so its p are 0 too.
+                float m_new[2], alpha[2], neg_m[2], l_tile[2] = {0.0f, 0.0f};
+                bool update[2];
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    m_tile[r] = hk_fmax(m_tile[r], hk_xor(m_tile[r], 1));  // the row's 4 lanes
+                    m_tile[r] = hk_fmax(m_tile[r], hk_xor(m_tile[r], 2));
+                    m_new[r] = hk_fmax(m[f][r], c2 * m_tile[r]);
+#ifdef HIPKERNEL_MUTANT_NO_NAN_GUARD
+                    update[r] = true;  // m_new = -inf: alpha and p become exp2(-inf - -inf) = NaN
+#else
+                    update[r] = m_new[r] != hk_neg_inf();
+#endif
+                    alpha[r] = update[r] ? hk_exp2_ftz(m[f][r] - m_new[r]) : 1.0f;  // 0 when m = -inf
+                    neg_m[r] = update[r] ? -m_new[r] : 0.0f;
+                }
+#pragma unroll
+                for (int nb = 0; nb < NB_S; ++nb)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int r = e >> 1;
+                        const float pj = hk_exp2_ftz(hk_fma(s[f][nb][e], c2, neg_m[r]));
+                        s[f][nb][e] = pj;
+                        l_tile[r] += pj;
+                    }
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    l_tile[r] += hk_xor(l_tile[r], 1);  // the row's sum over the whole tile
+                    l_tile[r] += hk_xor(l_tile[r], 2);
+                    l[f][r] = l[f][r] * alpha[r] + l_tile[r];
+                    if (update[r]) m[f][r] = m_new[r];
+#ifdef HIPKERNEL_MUTANT_SINK_PER_TILE
+                    if (has_sink && update[r]) l[f][r] += hk_exp2(sig2 - m_new[r]);  // split-KV bug
+#endif
+                }
+
+                // acc = acc * alpha (P.V follows for every group at once).
+#pragma unroll
+                for (int nd = 0; nd < NB_O; ++nd)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) o[f][nd][e] *= alpha[e >> 1];
+            }  // row group f
 
             // acc += P.V over every key of the tile, P rounded to fp16: p = 0 times a key no
             // row may see is why the load zero-fills them. Each V fragment feeds every group.
 #pragma unroll
             for (int kc = 0; kc < KC_P; ++kc) {
+                // The S fragments of key blocks 2kc and 2kc + 1 are the A fragment of chunk kc.
                 unsigned int pa[WARP_M][4];
 #pragma unroll
-                for (int f = 0; f < WARP_M; ++f) p_fragment(pa[f], s[f], kc);
+                for (int f = 0; f < WARP_M; ++f) {
+                    pa[f][0] = hk_pack_f16x2(s[f][2 * kc][0], s[f][2 * kc][1]);
+                    pa[f][1] = hk_pack_f16x2(s[f][2 * kc][2], s[f][2 * kc][3]);
+                    pa[f][2] = hk_pack_f16x2(s[f][2 * kc + 1][0], s[f][2 * kc + 1][1]);
+                    pa[f][3] = hk_pack_f16x2(s[f][2 * kc + 1][2], s[f][2 * kc + 1][3]);
+                }
 #pragma unroll
                 for (int nd = 0; nd < NB_O; nd += 2) {
                     unsigned int vb[4];
@@ -309,14 +442,43 @@ extern "C" __global__ MMA_LAUNCH_BOUNDS void gqa_flash_prefill(
 #endif
     }
 
-    // Epilogue: the sink, then out = acc / l.
+    // Epilogue: fold the sink into the denominator once, with the max taken over it too.
 #pragma unroll
-    for (int f = 0; f < WARP_M; ++f) {
-        half_t* orow[2];
+    for (int f = 0; f < WARP_M; ++f)
 #pragma unroll
-        for (int r = 0; r < 2; ++r)
-            orow[r] = ok_r[f][r] ? out + (((hk_u64)b * Sq + i_r[f][r]) * Hq + h) * HEAD_DIM + 2 * t4
-                                 : nullptr;
-        finish_rows(o[f], m[f], l[f], has_sink, sig2, orow);
+    for (int r = 0; r < 2; ++r) {
+        if (has_sink) {
+#ifdef HIPKERNEL_MUTANT_SINK_MAX_SKIPPED
+            const float m_fin = m[f][r];  // exp2(sig2 - m) overflows for a large sink
+#else
+            const float m_fin = hk_fmax(m[f][r], sig2);
+#endif
+            const float fac = m[f][r] == hk_neg_inf() ? 0.0f : hk_exp2(m[f][r] - m_fin);  // row saw nothing: 0
+#pragma unroll
+            for (int nd = 0; nd < NB_O; ++nd) {
+                o[f][nd][2 * r] *= fac;
+                o[f][nd][2 * r + 1] *= fac;
+            }
+            l[f][r] *= fac;
+#ifndef HIPKERNEL_MUTANT_SINK_PER_TILE
+#ifdef HIPKERNEL_MUTANT_SINK_UNSHIFTED
+            l[f][r] += sig2 == hk_neg_inf() ? 0.0f : hk_exp2(sig2);  // not shifted by the max
+#else
+            l[f][r] += sig2 == hk_neg_inf() ? 0.0f : hk_exp2(sig2 - m_fin);
+#endif
+#endif
+        }
+
+        // out = acc / l, 0 for a row with nothing in its denominator (a NaN l stays NaN).
+        // Lane (g, t4) writes dims 8nd + 2 t4, 8nd + 2 t4 + 1 of its row.
+        if (ok_r[f][r]) {
+            half_t* orow = out + (((hk_u64)b * Sq + i_r[f][r]) * Hq + h) * HEAD_DIM + 2 * t4;
+#pragma unroll
+            for (int nd = 0; nd < NB_O; ++nd) {
+                const float lo = l[f][r] == 0.0f ? 0.0f : o[f][nd][2 * r] / l[f][r];
+                const float hi = l[f][r] == 0.0f ? 0.0f : o[f][nd][2 * r + 1] / l[f][r];
+                *(unsigned int*)(orow + 8 * nd) = hk_pack_f16x2(lo, hi);
+            }
+        }
     }
 }
