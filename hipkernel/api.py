@@ -213,7 +213,8 @@ def flash_prefill_v3(backend, q, k, v, sink, out, *, B: int, Sq: int, Hq: int, H
             (ctypes.c_int32, mode), (ctypes.c_float, scale),
         ])
         grid, block = cfg.grid(Sq, Hq, B), (cfg.threads, 1, 1)
-        return lambda: backend.launch(kern, grid, block, args)
+        smem = cfg.dynamic_smem_bytes(d)
+        return lambda: backend.launch(kern, grid, block, args, smem)
 
     if config is None:
         key = tune_key(d=d, sq=Sq, Hq=Hq, G=G, window=window, dtype=dtype, arch=backend.arch)

@@ -298,14 +298,15 @@ def kernel_variants(mutants: bool = False) -> list[Variant]:
     branch of both files compiles)."""
     from hipkernel import api
     from hipkernel.config import (DEFAULT, HEAD_DIMS, MMA_DEFAULT, MMA_WIDE_CANDIDATES,
-                                  WGMMA_CANDIDATES, WIDE_HEAD_DIMS, compiled_variants)
+                                  WGMMA_BY_HEAD_DIM, WIDE_HEAD_DIMS, compiled_variants)
 
     out = [Variant(d, cfg.name, api.kernel_defines(d, cfg), cfg.path)
            for d, cfg in compiled_variants()]
     if mutants:
         from refattn.mutants import MUTANTS
 
-        defaults = [(cfg, d) for cfg in (DEFAULT, MMA_DEFAULT, WGMMA_CANDIDATES[0]) for d in HEAD_DIMS]
+        defaults = [(cfg, d) for cfg in (DEFAULT, MMA_DEFAULT) for d in HEAD_DIMS]
+        defaults += [(cfg, d) for d, cfg in WGMMA_BY_HEAD_DIM.items()]  # the tile of each d
         defaults += [(MMA_WIDE_CANDIDATES[0], d) for d in WIDE_HEAD_DIMS]
         out += [Variant(d, f"{cfg.name}+{m.name}", api.kernel_defines(d, cfg, {m.name}), cfg.path)
                 for cfg, d in defaults for m in MUTANTS]

@@ -1,20 +1,24 @@
 """Compile-time configurations of the fused kernel and the launch geometry they imply.
 
-One kernel binary per (path, HEAD_DIM, M_TILES, BKV, WARP_M) (docs/ARCHITECTURE.md, "Kernel ABI"):
+One kernel binary per (path, HEAD_DIM, M_TILES, BKV, WARP_M) (docs/ARCHITECTURE.md, "Kernel ABI";
+the wgmma path also takes KV_STAGES, which follows from the others):
 
     path    = "scalar"         kernels/gqa_flash_prefill.hip: fp32 FMAs, every GPU (AMD, NVIDIA)
               "mma"            kernels/gqa_flash_prefill_mma.hip: tensor cores (mma.sync
                                m16n8k16), NVIDIA sm_80 and newer only
               "wgmma"          kernels/gqa_flash_prefill_wgmma.hip: Hopper warpgroup MMA
                                (wgmma.mma_async), NVIDIA sm_90 devices only (compiled for
-                               sm_90a); a warpgroup of 4 warps per 64 rows, so m_tiles is 4 or 8
+                               sm_90a); a warpgroup of 4 warps per 64 rows, so m_tiles is
+                               4, 8 or 16
     BM      = 16 * M_TILES     query rows per block (one Q tile of one head)
     threads = 32 * M_TILES     scalar: each query row is owned by a pair of adjacent lanes;
               / WARP_M         mma: each warp owns 16 * WARP_M rows (WARP_M = 1 or 2; with 2
                                every K/V fragment read from shared memory feeds two MMAs);
                                wgmma: each warp 16 rows, each warpgroup 64
     grid    = (ceil(Sq / BM), Hq, B)
-    BKV                        keys per KV tile, staged in static shared memory
+    BKV                        keys per KV tile, staged in shared memory: static on the
+                               scalar and mma paths (48 KiB at most), dynamic on the wgmma
+                               path (KV_STAGES tiles, WGMMA_SMEM_BUDGET at most)
 
 All paths share the ABI and the launch geometry; only the source file differs.
 
@@ -30,7 +34,7 @@ from dataclasses import dataclass
 
 HEAD_DIMS = (64, 128)  # head dims the kernel is compiled for; anything else is declined
 
-# The kernel uses static shared memory only, which CUDA caps at 48 KiB without an opt-in.
+# The scalar and mma kernels use static shared memory only, which CUDA caps at 48 KiB.
 SMEM_LIMIT = 48 * 1024
 
 _M_TILES = (1, 2, 4, 8)  # 32..256 threads a block
@@ -41,9 +45,14 @@ TENSOR_CORE_PATHS = ("mma", "wgmma")  # P is rounded to fp16 before P.V (hipkern
 MMA_MIN_SM = 80  # mma.sync m16n8k16 f16 with fp32 accumulators, ldmatrix, cp.async
 WGMMA_SM = 90  # wgmma.mma_async: sm_90a code, which runs on compute capability 9.0 only
 WGMMA_TARGET = "sm_90a"
-_WGMMA_M_TILES = (4, 8)  # one or two warpgroups of 64 rows
+_WGMMA_M_TILES = (4, 8, 16)  # one, two or four warpgroups of 64 rows
 _WGMMA_BKV = (32, 64, 128)  # the n of the Q.K wgmma
-WGMMA_MAX_STAGES = 4  # the wgmma kernel's KV_STAGES cap
+# The wgmma kernel's K/V stages live in dynamic shared memory, which the launch opts in to
+# above 48 KiB (Hopper allows 227 KiB a block): as many stages as fit in the budget, at most
+# WGMMA_MAX_STAGES. On the H200 (d = 64, wgmma_m16_b64, 16384@0) 6 stages (96 KiB) ran
+# 7.05 ms, 4 stages 7.41 and 8 stages 7.20.
+WGMMA_SMEM_BUDGET = 96 * 1024
+WGMMA_MAX_STAGES = 6
 
 
 def _check_int(name: str, x, allowed) -> int:
@@ -65,7 +74,8 @@ class KernelConfig:
     warp_m: int = 1
 
     def __post_init__(self):
-        _check_int("m_tiles", self.m_tiles, _M_TILES)
+        # 16 groups (512 threads) only on the wgmma path: a warpgroup per 64 rows
+        _check_int("m_tiles", self.m_tiles, _M_TILES + (16,) if self.path == "wgmma" else _M_TILES)
         _check_int("bkv", self.bkv, _BKV)
         if self.path not in PATHS:
             raise ValueError(f"path: expected one of {PATHS}, got {self.path!r}")
@@ -109,12 +119,12 @@ class KernelConfig:
 
     def kv_stages(self, d: int) -> int:
         """K/V tile buffers of the kernel: the mma path double-buffers (cp.async) when two
-        stages fit in static shared memory; the wgmma path keeps as many as fit, up to 4;
-        the scalar path has one."""
+        stages fit in static shared memory; the wgmma path keeps as many as fit in
+        WGMMA_SMEM_BUDGET, up to WGMMA_MAX_STAGES; the scalar path has one."""
         if self.path == "scalar":
             return 1
         if self.path == "wgmma":
-            return max(1, min(WGMMA_MAX_STAGES, SMEM_LIMIT // self._kv_tile_bytes(d)))
+            return max(1, min(WGMMA_MAX_STAGES, WGMMA_SMEM_BUDGET // self._kv_tile_bytes(d)))
         return 2 if 2 * self._kv_tile_bytes(d) <= SMEM_LIMIT else 1
 
     def _kv_tile_bytes(self, d: int) -> int:
@@ -123,29 +133,42 @@ class KernelConfig:
         return 2 * self.bkv * (d + (8 if self.path == "mma" else 0)) * 2
 
     def smem_bytes(self, d: int) -> int:
-        """Static shared memory of the kernel at head dim ``d``. Scalar: a K and a V tile
-        (``bkv x d`` halves each) and the score/probability tile (``BM x bkv`` floats).
-        mma: ``kv_stages`` x (K and V tile, ``bkv x (d + 8)`` halves each); wgmma: the same
-        with ``bkv x d`` halves each."""
+        """Shared memory of the kernel at head dim ``d`` (static on the scalar and mma paths,
+        dynamic on the wgmma path). Scalar: a K and a V tile (``bkv x d`` halves each) and
+        the score/probability tile (``BM x bkv`` floats). mma: ``kv_stages`` x (K and V
+        tile, ``bkv x (d + 8)`` halves each); wgmma: the same with ``bkv x d`` halves each."""
         if self.path in TENSOR_CORE_PATHS:
             return self.kv_stages(d) * self._kv_tile_bytes(d)
         return 2 * self.bkv * d * 2 + self.block_rows * self.bkv * 4
 
+    def dynamic_smem_bytes(self, d: int) -> int:
+        """The dynamic shared memory a launch at head dim ``d`` passes: the wgmma path's
+        K/V stages; 0 on the other paths (their shared memory is static)."""
+        return self.smem_bytes(d) if self.path == "wgmma" else 0
+
     def fits(self, d: int) -> bool:
-        """Whether this config compiles at head dim ``d``: its static shared memory fits."""
-        return self.smem_bytes(d) <= SMEM_LIMIT
+        """Whether this config compiles at head dim ``d``: its shared memory fits (48 KiB
+        of static memory; on the wgmma path, one K/V stage in WGMMA_SMEM_BUDGET)."""
+        return self.smem_bytes(d) <= self._smem_limit
+
+    @property
+    def _smem_limit(self) -> int:
+        return WGMMA_SMEM_BUDGET if self.path == "wgmma" else SMEM_LIMIT
 
     def defines(self, d: int) -> dict[str, int]:
         """The ``-D`` macros that compile this config at head dim ``d``."""
         d = _check_int("d", d, HEAD_DIMS)
         if not self.fits(d):
+            kind = "dynamic" if self.path == "wgmma" else "static"
             raise ValueError(
-                f"bkv: {self.bkv} keys at d={d} need {self.smem_bytes(d)} bytes of static shared "
-                f"memory, over the {SMEM_LIMIT} byte limit"
+                f"bkv: {self.bkv} keys at d={d} need {self.smem_bytes(d)} bytes of {kind} shared "
+                f"memory, over the {self._smem_limit} byte limit"
             )
         defines = {"HEAD_DIM": d, "M_TILES": self.m_tiles, "BKV": self.bkv}
         if self.warp_m != 1:
             defines["WARP_M"] = self.warp_m
+        if self.path == "wgmma":
+            defines["KV_STAGES"] = self.kv_stages(d)
         return defines
 
 
@@ -163,15 +186,17 @@ MMA_CANDIDATES = tuple(KernelConfig(m, b, "mma") for m, b in ((4, 64), (4, 32), 
 MMA_WIDE_CANDIDATES = tuple(KernelConfig(m, b, "mma", 2) for m, b in ((8, 64), (8, 32), (4, 64)))
 WIDE_HEAD_DIMS = (64,)
 
-# wgmma: two warpgroups a block (128 rows), 64-key tiles (3 stages) at d = 64 and 32-key
-# tiles (3 stages) at d = 128. On the H200 (scripts/mma_check.py --sections sweep) one
-# warpgroup a block (m4) ran 1.4-1.8x slower at 512@8192 and 16384@0 (twice the K/V traffic
-# per row), and at d = 128 64-key tiles (one stage) 1.3x slower than 32-key ones.
-# 128-key tiles are left out: one stage of them takes
-# 32 KiB at d = 64 (no room to double-buffer in 48 KiB); on the H200, single-buffered, they
-# ran 3-5% slower than double-buffered 64-key tiles (512@8192 0.445 vs 0.422 ms, 16384@0
-# 12.98 vs 12.56 ms, both at m8, before the deeper pipeline).
-WGMMA_BY_HEAD_DIM = {64: KernelConfig(8, 64, "wgmma"), 128: KernelConfig(8, 32, "wgmma")}
+# wgmma: at d = 64 four warpgroups a block (256 rows) on 64-key tiles, 6 stages (96 KiB);
+# at d = 128 two warpgroups on 64-key tiles, 3 stages. On the H200, same process and inputs
+# (kernel-only, back-to-back launches), against the best mma config:
+#   d 64   512@8192  m16_b64 0.2354 ms, m8_b64 0.2787, 128-key m8 0.3268; mma 0.2467
+#          16384@0   m16_b64 7.049,     m8_b64 8.159,  128-key m8 9.370;  mma 7.593
+#   d 128  512@8192  m8_b64  0.2831,    m8_b32 0.3017;                    mma 0.3059
+#          16384@0   m8_b64  8.284,     m8_b32 8.981;                     mma 8.979
+# One warpgroup a block (m4) ran 1.4-1.8x slower than two (twice the K/V traffic per row).
+# With 128 registers a thread (m16 at d = 64: 512 threads, one block an SM) 128-key tiles
+# spill; at m8 they take ~210 registers and one block an SM, slower than 64-key ones.
+WGMMA_BY_HEAD_DIM = {64: KernelConfig(16, 64, "wgmma"), 128: KernelConfig(8, 64, "wgmma")}
 WGMMA_CANDIDATES = tuple(WGMMA_BY_HEAD_DIM.values())
 
 DEFAULT = KernelConfig(4, 64)

@@ -150,10 +150,11 @@ def raw_ms(be, r, kern, cfg, window, sink_mode=1, n=20) -> float:
             (ctypes.c_int32, window), (ctypes.c_int32, sink_mode),
             (ctypes.c_float, g["d"] ** -0.5)]
     grid, block = cfg.grid(g["Sq"], g["Hq"], g["B"]), (cfg.threads, 1, 1)
+    smem = cfg.dynamic_smem_bytes(g["d"])
 
     def burst():
         for _ in range(n):
-            be.launch(kern, grid, block, args)
+            be.launch(kern, grid, block, args, smem)
 
     times = be.time_ms(burst, warmup=2, reps=5)
     return sorted(times)[len(times) // 2] / n

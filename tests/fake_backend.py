@@ -52,9 +52,9 @@ class RecordingBackend:
         self.calls.append(("dtoh", ptr))
         arr[...] = np.frombuffer(bytes(self._mem[ptr]), dtype=arr.dtype).reshape(arr.shape)
 
-    def launch(self, kernel, grid, block, args):
+    def launch(self, kernel, grid, block, args, shared_mem=0):
         rec = dict(kernel=kernel, grid=grid, block=block, args=[val for _, val in args],
-                   tuning=self._timing)
+                   shared_mem=shared_mem, tuning=self._timing)
         self.launches.append(rec)
         self.calls.append(("launch", rec))
 

@@ -67,8 +67,8 @@ class ModelBackend(RecordingBackend):
         kern["PATH"] = next((p for p in api.KERNEL_FILES if api.kernel_source(p) == source), "?")
         return kern
 
-    def launch(self, kernel, grid, block, args):
-        super().launch(kernel, grid, block, args)
+    def launch(self, kernel, grid, block, args, shared_mem=0):
+        super().launch(kernel, grid, block, args, shared_mem)
         q, k, v, sink, out, Sq, Hq, Hkv, S_cap, past, window, mode, scale = [x for _, x in args]
         d, B = kernel["HEAD_DIM"], grid[2]
         mutants = {m.name for m in MUTANTS if kernel.get(m.macro)} | set(self.force_mutants)
@@ -107,7 +107,7 @@ class NoisyBackend(ModelBackend):
 
 
 class CrashingBackend(ModelBackend):
-    def launch(self, kernel, grid, block, args):
+    def launch(self, kernel, grid, block, args, shared_mem=0):
         raise RuntimeError("illegal memory access (simulated)")
 
 

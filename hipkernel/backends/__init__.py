@@ -8,6 +8,7 @@ One kernel source, two runtimes that map almost one-to-one (STYLE item 8):
     hiprtcCompileProgram          nvrtcCompileProgram
     hipModuleLoadData             cuModuleLoadData
     hipModuleLaunchKernel         cuLaunchKernel
+    (no opt-in on AMD)            cuFuncSetAttribute (dynamic shared > 48 KiB)
     hipMalloc / hipMemcpy         cuMemAlloc / cuMemcpyHtoD / DtoH
     hipEventElapsedTime           cuEventElapsedTime
     ============================  =====================================
@@ -47,6 +48,9 @@ from dataclasses import asdict, dataclass, field
 from hipkernel.backends._cache import DiskCache, cache_key
 
 BACKEND_NAMES = ("cuda", "hip")  # the order get_backend() tries them in
+# Dynamic shared memory a CUDA kernel may take without cuFuncSetAttribute (AMD: its whole
+# LDS, 64 KiB, with no opt-in)
+DEFAULT_DYNAMIC_SHARED = 48 * 1024
 
 
 # --------------------------------------------------------------------------- errors
@@ -275,6 +279,8 @@ class Kernel:
     key: str
     info: CompileResult
     from_disk: bool = False
+    # dynamic shared memory a launch may pass without an opt-in first (CUDA's default)
+    shared_mem_allowed: int = DEFAULT_DYNAMIC_SHARED
 
 
 def median(xs: Iterable[float]) -> float:
@@ -345,6 +351,11 @@ class Backend:
         raise NotImplementedError
 
     def _launch(self, function, grid, block, shared_mem: int, params_address: int) -> None:
+        raise NotImplementedError
+
+    def _allow_dynamic_shared(self, function, nbytes: int) -> None:
+        """Let ``function`` launch with ``nbytes`` (> DEFAULT_DYNAMIC_SHARED) of dynamic
+        shared memory; ValueError when the device has fewer a block."""
         raise NotImplementedError
 
     def _alloc(self, nbytes: int) -> int:
@@ -477,13 +488,21 @@ class Backend:
     # ---- launch + timing ------------------------------------------------------------------
     def launch(self, kernel: Kernel, grid, block, args, shared_mem: int = 0) -> None:
         """Launch ``kernel`` on the default stream. ``args``: ``[(ctype, value), ...]`` or a
-        prebuilt :class:`KernelArgs`. Asynchronous: errors from the kernel itself show at
-        the next ``synchronize()``."""
+        prebuilt :class:`KernelArgs`; ``shared_mem``: bytes of dynamic shared memory (over
+        DEFAULT_DYNAMIC_SHARED, the kernel is opted in to it once, before its first such
+        launch). Asynchronous: errors from the kernel itself show at the next
+        ``synchronize()``."""
         grid, block = _dims("grid", grid), _dims("block", block)
         if block[0] * block[1] * block[2] > 1024:
             raise ValueError(f"block: {block} has more than 1024 threads")
+        if isinstance(shared_mem, bool) or not isinstance(shared_mem, numbers.Integral) or shared_mem < 0:
+            raise ValueError(f"shared_mem: expected an int >= 0 (bytes), got {shared_mem!r}")
+        shared_mem = int(shared_mem)
         params = args if isinstance(args, KernelArgs) else KernelArgs(args)
-        self._launch(kernel.function, grid, block, int(shared_mem), params.address)
+        if shared_mem > kernel.shared_mem_allowed:
+            self._allow_dynamic_shared(kernel.function, shared_mem)
+            kernel.shared_mem_allowed = shared_mem
+        self._launch(kernel.function, grid, block, shared_mem, params.address)
 
     def synchronize(self) -> None:
         self._synchronize()

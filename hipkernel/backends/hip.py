@@ -375,6 +375,7 @@ class HipBackend(Backend):
         self.target = error_text(props.gcnArchName)  # e.g. "gfx90a:sramecc+:xnack-"
         self.arch = self.target.split(":")[0]
         self.sm_count = int(props.multiProcessorCount)
+        self.shared_per_block = int(props.sharedMemPerBlock)
         self._stream = None  # the null stream
         self.compiler_version = hiprtc_version()
 
@@ -399,6 +400,12 @@ class HipBackend(Backend):
         self._bind()
         _call(hip.hipModuleLaunchKernel, function, *grid, *block, shared_mem, self._stream,
               params_address, None)
+
+    def _allow_dynamic_shared(self, function, nbytes):
+        # AMD has no opt-in: a workgroup may take dynamic LDS up to the device's limit
+        if nbytes > self.shared_per_block:
+            raise ValueError(f"shared_mem: {nbytes} bytes of dynamic shared memory, over the "
+                             f"{self.shared_per_block} a block of {self.device_name} may have")
 
     # ---- memory
     def _alloc(self, nbytes):

@@ -5,16 +5,17 @@
 // backend compiles for sm_90a). Same ABI and entry name as the other two paths
 // (docs/ARCHITECTURE.md "Kernel ABI"):
 //   compile-time  HEAD_DIM (64 | 128), M_TILES (16-row groups, a multiple of 4), BKV (keys
-//                 per tile: 32, 64 or 128)
+//                 per tile: 32, 64 or 128), KV_STAGES (K/V tile buffers, >= 1)
 //   grid          (ceil(Sq / BM), Hq, B), BM = 16 * M_TILES
 //   block         32 * M_TILES threads = M_TILES / 4 warpgroups; warpgroup w owns query rows
 //                 [64 w, 64 w + 64) of the Q tile, its warp x rows [16 x, 16 x + 16) of those
-//   shared        static only: KV_STAGES x (K tile + V tile), BKV x HEAD_DIM halves each, in
-//                 wgmma's no-swizzle core-matrix layout (below); two stages (cp.async double
-//                 buffering) when they fit in 48 KiB, else one (KernelConfig.smem_bytes)
+//   shared        dynamic, KV_STAGES x (K tile + V tile) = KV_STAGES * 4 * BKV * HEAD_DIM
+//                 bytes (KernelConfig.dynamic_smem_bytes; the launch raises the function's
+//                 limit above the default 48 KiB), BKV x HEAD_DIM halves a tile, in wgmma's
+//                 no-swizzle core-matrix layout (below)
 //   pointers      q, k, v, out 16-byte aligned
 //
-// The algorithm is the mma path's, step for step, with the per-row steps shared through
+// The algorithm is the mma path's, step for step, with the per-row steps in
 // flash_rows.h (start-tile clamp, visibility, zero-fill of keys no row may see, online
 // softmax with the NaN guard, the sink epilogue). What differs is who multiplies:
 //   S = Q K^T    one wgmma m64 n BKV k16 per 16 dims: Q from registers (each warp's A
@@ -42,8 +43,8 @@
 #if !HK_CUDA
 #error "gqa_flash_prefill_wgmma.hip is NVIDIA sm_90a-only (wgmma); AMD uses gqa_flash_prefill.hip"
 #endif
-#if !defined(HEAD_DIM) || !defined(M_TILES) || !defined(BKV)
-#error "compile with -DHEAD_DIM=<64|128> -DM_TILES=<4|8> -DBKV=<32|64|128>"
+#if !defined(HEAD_DIM) || !defined(M_TILES) || !defined(BKV) || !defined(KV_STAGES)
+#error "compile with -DHEAD_DIM=<64|128> -DM_TILES=<4|8|16> -DBKV=<32|64|128> -DKV_STAGES=<n>"
 #endif
 #if HEAD_DIM != 64 && HEAD_DIM != 128
 #error "HEAD_DIM must be 64 or 128 (the n of the P.V wgmma)"
@@ -54,21 +55,18 @@
 #if M_TILES % 4 != 0
 #error "M_TILES must be a multiple of 4: a warpgroup (4 warps) computes 64 rows"
 #endif
+#if KV_STAGES < 1
+#error "KV_STAGES must be >= 1"
+#endif
 
 #define BM (16 * M_TILES)         // query rows per block
 #define NTHREADS (32 * M_TILES)   // a warp per 16 rows, a warpgroup per 64
 #define VPR (HEAD_DIM / 8)        // 16-byte vectors per K/V row
 #define GROUP_BYTES (HEAD_DIM * 16)  // one 8-key group of core matrices
 #define TILE_BYTES (BKV * HEAD_DIM * 2)
-// KV_STAGES buffers of (K tile, V tile) in the 48 KiB of static shared memory, at most 4:
-// tile t + KV_STAGES - 1 streams in while tile t is computed. One stage (no overlap) when
-// two do not fit; a single warpgroup's tile takes a few hundred cycles, far less than a
-// load's latency, so depth matters more here than on the mma path.
-#define KV_STAGES_FIT ((48 * 1024) / (2 * TILE_BYTES))
-#define KV_STAGES (KV_STAGES_FIT > 4 ? 4 : KV_STAGES_FIT)
-#if KV_STAGES < 1
-#error "a K and a V tile must fit in 48 KiB of static shared memory"
-#endif
+// KV_STAGES buffers of (K tile, V tile): tile t + KV_STAGES - 1 streams in while tile t is
+// computed (with one stage, tile t + 1 after it). A warpgroup's tile takes a few hundred
+// cycles, far less than a load's latency, so depth matters more here than on the mma path.
 #define PENDING (KV_STAGES > 1 ? KV_STAGES - 2 : 0)
 #define NB_S (BKV / 8)        // 8-key blocks of the score tile
 #define KC_S (HEAD_DIM / 16)  // 16-dim steps of Q K^T (wgmma k)
@@ -83,8 +81,9 @@
 
 // Blocks an SM should hold at once (ptxas then plans for 65536 / (NTHREADS * MIN_BLOCKS)
 // registers a thread): at d = 64 with 64-key tiles the S and O accumulators, Q and P take
-// ~100 registers, so 128 fit without spilling and an SM holds 4 warpgroups, whose loads and
-// softmax overlap each other's wgmma. Elsewhere ptxas' own choice (one block at least).
+// ~100 registers, so 128 fit without spilling and an SM holds 4 warpgroups (one block of
+// M_TILES 16, two of 8), whose loads and softmax overlap each other's wgmma. Elsewhere
+// ptxas' own choice (one block at least).
 #ifndef MIN_BLOCKS
 #if HEAD_DIM == 64 && BKV <= 64
 #define MIN_BLOCKS (512 / NTHREADS)
@@ -103,8 +102,9 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     int window,                      // -1 = none, else W >= 1 keys (ORT convention)
     int sink_mode,                   // 0 none, 1 per-head sink[h], 2 smooth (sigma = 0)
     float scale) {
-    __shared__ __attribute__((aligned(128))) half_t k_s[KV_STAGES * BKV * HEAD_DIM];
-    __shared__ __attribute__((aligned(128))) half_t v_s[KV_STAGES * BKV * HEAD_DIM];
+    extern __shared__ __attribute__((aligned(128))) half_t kv_s[];  // the K stages, then V's
+    half_t* const k_s = kv_s;
+    half_t* const v_s = kv_s + KV_STAGES * BKV * HEAD_DIM;
 
     const int tid = hk_thread_x();
     const int warp = tid >> 5, lane = tid & 31;
