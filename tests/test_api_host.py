@@ -193,14 +193,15 @@ def test_wgmma_config_needs_an_sm90_target():
                                     config={"path": "wgmma", "m_tiles": 8, "bkv": 64}, **geom) == 0
         assert sources == [api.kernel_source("wgmma")], f"{arch}: not compiled from the wgmma source"
         launch = be.launches[-1]
-        assert launch["kernel"] == {"HEAD_DIM": 64, "M_TILES": 8, "BKV": 64}
+        assert launch["kernel"] == {"HEAD_DIM": 64, "M_TILES": 8, "BKV": 64, "KV_STAGES": 6}
         assert launch["block"] == (256, 1, 1) and launch["grid"] == (1, 8, 1)
-    # a 128-key wgmma tile does not fit in shared memory at d = 128
+        # its K/V stages are dynamic shared memory, passed at launch: 6 x 16 KiB
+        assert launch["shared_mem"] == KernelConfig(8, 64, "wgmma").dynamic_smem_bytes(64) == 98304
+    # the other paths' shared memory is static: none passed
     be = RecordingBackend(arch="sm_90")
-    with pytest.raises(ValueError, match="^config: bkv: 128 keys at d=128"):
-        api.flash_prefill_v3(be, 0x100, 0x200, 0x300, 0, 0x500,
-                             config=KernelConfig(8, 128, "wgmma"), **(geom | {"d": 128}))
-    assert not be.calls
+    for cfg in ({"path": "mma", "m_tiles": 4, "bkv": 64}, {"m_tiles": 4, "bkv": 64}):
+        assert api.flash_prefill_v3(be, 0x100, 0x200, 0x300, 0, 0x500, config=cfg, **geom) == 0
+        assert be.launches[-1]["shared_mem"] == 0, cfg
 
 
 def test_wgmma_source_is_its_own_translation_unit():

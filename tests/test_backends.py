@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 import hipkernel.backends as backends
-from hipkernel.backends import (Backend, BackendError, BackendUnavailable, CompileError,
-                                CompileResult, DevicePtr, KernelArgs, define_flags, median)
+from hipkernel.backends import (DEFAULT_DYNAMIC_SHARED, Backend, BackendError, BackendUnavailable,
+                                CompileError, CompileResult, DevicePtr, KernelArgs, define_flags,
+                                median)
 from hipkernel.backends import cuda as cuda_be
 from hipkernel.backends import hip as hip_be
 from hipkernel.backends._cache import MAGIC, DiskCache, cache_key
@@ -39,6 +40,8 @@ class HostBackend(Backend):
         super().__init__(cache)
         self.compile_calls = []
         self.launches = []
+        self.opt_ins = []  # (function, bytes) of each dynamic shared memory opt-in
+        self.shared_per_block = 227 * 1024
         self.reject_binaries = set(reject_binaries)
         self._bufs = {}
         self.clock = 0.0
@@ -63,6 +66,11 @@ class HostBackend(Backend):
     def _launch(self, function, grid, block, shared_mem, params_address):
         self.launches.append((function, grid, block, shared_mem, params_address))
         self.clock += 1.5  # each launch "takes" 1.5 ms
+
+    def _allow_dynamic_shared(self, function, nbytes):
+        if nbytes > self.shared_per_block:
+            raise ValueError(f"shared_mem: {nbytes} bytes, over {self.shared_per_block}")
+        self.opt_ins.append((function, nbytes))
 
     def _alloc(self, nbytes):
         buf = ctypes.create_string_buffer(nbytes)
@@ -348,6 +356,31 @@ def test_launch_checks_geometry_and_passes_packed_args(host):
                                 ((1.0,), (32,))]:
         with pytest.raises(ValueError):
             host.launch(kern, bad_grid, bad_block, [])
+
+
+def test_launch_opts_a_kernel_in_to_dynamic_shared_memory_once(host):
+    """Up to 48 KiB (DEFAULT_DYNAMIC_SHARED) a launch passes its dynamic shared memory as is;
+    above, the kernel is opted in first, once per new high: launches at or under what it was
+    allowed do not ask again. A bad size is a ValueError naming shared_mem, before any call."""
+    kern = host.compile(SRC, {}, "k")
+    assert kern.shared_mem_allowed == DEFAULT_DYNAMIC_SHARED == 48 * 1024
+    for nbytes in (0, 1024, 48 * 1024):
+        host.launch(kern, 1, 32, [], shared_mem=nbytes)
+    assert host.opt_ins == [] and [x[3] for x in host.launches] == [0, 1024, 48 * 1024]
+    for nbytes in (96 * 1024, 96 * 1024, 64 * 1024, 128 * 1024):
+        host.launch(kern, 1, 32, [], shared_mem=nbytes)
+    assert host.opt_ins == [(kern.function, 96 * 1024), (kern.function, 128 * 1024)]
+    assert [x[3] for x in host.launches[3:]] == [96 * 1024, 96 * 1024, 64 * 1024, 128 * 1024]
+    assert kern.shared_mem_allowed == 128 * 1024
+    other = host.compile(SRC + " ", {}, "k")  # another function starts at the default
+    assert other.shared_mem_allowed == 48 * 1024
+    n = len(host.launches)
+    for bad in (-1, 1.5, True, "96k", None):
+        with pytest.raises(ValueError, match="^shared_mem"):
+            host.launch(other, 1, 32, [], shared_mem=bad)
+    with pytest.raises(ValueError, match="^shared_mem: 233472 bytes"):  # over the device
+        host.launch(other, 1, 32, [], shared_mem=228 * 1024)
+    assert len(host.launches) == n and other.shared_mem_allowed == 48 * 1024
 
 
 def test_time_ms_uses_events_around_each_call(host):

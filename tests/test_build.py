@@ -305,18 +305,19 @@ def test_wgmma_variants_compile_for_sm90a_only(monkeypatch):
 
 def test_kernel_variants_cover_the_wgmma_path():
     from hipkernel import api
-    from hipkernel.config import HEAD_DIMS, WGMMA_BY_HEAD_DIM, WGMMA_CANDIDATES
+    from hipkernel.config import HEAD_DIMS, WGMMA_BY_HEAD_DIM
     from refattn.mutants import MUTANTS
 
     plain = [(v.d, v.config, v.path) for v in build.kernel_variants() if v.path == "wgmma"]
     assert plain == [(d, WGMMA_BY_HEAD_DIM[d].name, "wgmma") for d in HEAD_DIMS]
     vs = build.kernel_variants(mutants=True)
-    names = {(v.d, v.config, v.path) for v in vs}
-    first = WGMMA_CANDIDATES[0]
-    assert {(d, f"{first.name}+{m.name}", "wgmma") for d in HEAD_DIMS for m in MUTANTS} <= names
+    # the mutants compile at each head dim's own wgmma tile (the one that does not spill there)
+    wg_mutants = {(v.d, v.config) for v in vs if v.path == "wgmma" and "+" in v.config}
+    assert wg_mutants == {(d, f"{WGMMA_BY_HEAD_DIM[d].name}+{m.name}") for d in HEAD_DIMS
+                          for m in MUTANTS}
     for v in vs:
-        if v.config == f"{first.name}+{MUTANTS[0].name}":
-            assert v.defines == api.kernel_defines(v.d, first, {MUTANTS[0].name}), v
+        if v.path == "wgmma" and v.config.endswith(f"+{MUTANTS[0].name}"):
+            assert v.defines == api.kernel_defines(v.d, WGMMA_BY_HEAD_DIM[v.d], {MUTANTS[0].name}), v
 
 
 def test_spill_and_error_fail_the_check(monkeypatch):
@@ -413,9 +414,9 @@ def test_nvrtc_compile_error_carries_the_log():
 
 
 def test_real_wgmma_kernel_sm90a(tmp_path):
-    """The real check of the wgmma path for sm_90a at its tile of each head dim (wgmma_m8_b64
-    at d=64, wgmma_m8_b32 at d=128): compiles, no spill, and the static shared memory ptxas
-    reports is what KernelConfig.smem_bytes predicts (3 stages, 48 KiB)."""
+    """The real check of the wgmma path for sm_90a at its tile of each head dim (wgmma_m16_b64
+    at d=64, wgmma_m8_b64 at d=128): compiles, no spill, and no static shared memory (its
+    K/V stages are the dynamic shared memory KernelConfig.dynamic_smem_bytes sizes)."""
     try:
         cuda_be.nvrtc_version()
     except Exception as e:  # noqa: BLE001
@@ -438,13 +439,14 @@ def test_real_wgmma_kernel_sm90a(tmp_path):
     for r in rows:
         cfg = WGMMA_BY_HEAD_DIM[r["d"]]
         assert r["spills"] == 0 and 0 < r["regs"] <= 255, r
-        assert r["smem"] == cfg.smem_bytes(r["d"]) == 48 * 1024, r
+        assert r["smem"] == 0 and cfg.dynamic_smem_bytes(r["d"]) == 96 * 1024, r
 
 
-def test_wgmma_shared_memory_is_what_the_config_says():
-    """For every wgmma tile that fits (m_tiles 4/8 x bkv 32/64/128 x each head dim), the
-    kernel's static shared memory (ptxas, sm_90a) is ``KernelConfig.smem_bytes``: the
-    stage count the .hip derives is the one ``kv_stages`` models, and no tile spills."""
+def test_every_wgmma_tile_compiles_with_dynamic_shared_memory_only():
+    """Every wgmma tile (m_tiles 4/8/16 x bkv 32/64/128 x each head dim, each with the
+    KV_STAGES its config gives) compiles for sm_90a with no static shared memory; the ones
+    the tuner offers do not spill (four warpgroups at d = 128 do: 128 registers a thread
+    cannot hold their accumulators, which is why d = 128 gets two)."""
     try:
         cuda_be.nvrtc_version()
     except Exception as e:  # noqa: BLE001
@@ -453,17 +455,20 @@ def test_wgmma_shared_memory_is_what_the_config_says():
     if archs and 90 not in archs:
         pytest.skip(f"this NVRTC cannot compile for sm_90a (supports {archs})")
     from hipkernel import api
-    from hipkernel.config import HEAD_DIMS, KernelConfig
+    from hipkernel.config import HEAD_DIMS, WGMMA_BY_HEAD_DIM, KernelConfig
 
-    tiles = [(d, KernelConfig(m, b, "wgmma")) for d in HEAD_DIMS for m in (4, 8) for b in (32, 64, 128)]
-    fitting = [(d, c) for d, c in tiles if c.fits(d)]
-    assert len(fitting) == len(tiles) - 2  # 128-key tiles at d = 128 need 64 KiB
-    variants = [build.Variant(d, c.name, api.kernel_defines(d, c), "wgmma") for d, c in fitting]
+    tiles = [(d, KernelConfig(m, b, "wgmma")) for d in HEAD_DIMS for m in (4, 8, 16)
+             for b in (32, 64, 128)]
+    assert all(c.fits(d) for d, c in tiles)  # one stage of the biggest is 64 KiB of 96
+    variants = [build.Variant(d, c.name, api.kernel_defines(d, c), "wgmma") for d, c in tiles]
     rows = build.check(["sm_90a"], {"wgmma": api.kernel_source("wgmma")}, variants,
                        api.KERNEL_NAME, jobs=0)
-    got = {(r.d, r.config): (r.status, r.smem) for r in rows}
-    want = {(d, c.name): ("ok", c.smem_bytes(d)) for d, c in fitting}
-    assert got == want, {k: (got.get(k), w) for k, w in want.items() if got.get(k) != w}
+    got = {(r.d, r.config): r for r in rows}
+    assert set(got) == {(d, c.name) for d, c in tiles}
+    assert all(r.status in ("ok", "SPILL") and r.smem == 0 for r in rows), \
+        [(r.d, r.config, r.status, r.smem) for r in rows if r.status not in ("ok", "SPILL") or r.smem]
+    assert all(got[(d, c.name)].status == "ok" for d, c in WGMMA_BY_HEAD_DIM.items())
+    assert got[(128, "wgmma_m16_b64")].status == "SPILL"
 
 
 def test_real_kernel_sm90(tmp_path):

@@ -294,8 +294,10 @@ def test_random_geometry_is_reproducible_capped_and_varied():
 
 
 def test_random_geometry_draws_only_configs_that_fit_the_head_dim():
-    """A 128-key wgmma tile needs 64 KiB of shared memory at d = 128: drawn at d = 64 only."""
-    big, small = KernelConfig(8, 128, "wgmma"), KernelConfig(8, 32, "wgmma")
+    """A 128-key mma tile needs 68 KiB of static shared memory at d = 128 (over 48): drawn
+    at d = 64 only."""
+    big, small = KernelConfig(4, 128, "mma"), KernelConfig(8, 32, "wgmma")
+    assert big.fits(64) and not big.fits(128) and small.fits(128)
     rng = np.random.default_rng(5)
     gs = [reliability.random_geometry(rng, 2**18, configs=(big, small)) for _ in range(200)]
     by_d = {d: {g.config for g in gs if g.d == d} for d in HEAD_DIMS}

@@ -17,8 +17,9 @@ import pytest
 
 from hipkernel import model
 from hipkernel.config import (CANDIDATES, DEFAULT, HEAD_DIMS, MMA_CANDIDATES, MMA_WIDE_CANDIDATES,
-                              WGMMA_BY_HEAD_DIM, WGMMA_CANDIDATES, WGMMA_MAX_STAGES, KernelConfig,
-                              candidates, compiled_variants, default_config, has_mma, has_wgmma)
+                              WGMMA_BY_HEAD_DIM, WGMMA_CANDIDATES, WGMMA_MAX_STAGES,
+                              WGMMA_SMEM_BUDGET, KernelConfig, candidates, compiled_variants,
+                              default_config, has_mma, has_wgmma)
 from refattn import reference
 from refattn.mutants import MUTANTS, by_name
 
@@ -357,30 +358,55 @@ def test_mma_model_rounds_p_to_fp16():
 
 def test_wgmma_config_geometry_and_shared_memory():
     """path "wgmma": a warpgroup (4 warps) per 64 rows, so 32 threads per 16 rows as on the
-    mma path; K/V tiles unpadded (bkv x d halves each), as many stages as fit in 48 KiB, at
-    most WGMMA_MAX_STAGES."""
+    mma path, up to four warpgroups (512 threads); K/V tiles unpadded (bkv x d halves each)
+    in dynamic shared memory, as many stages as fit in WGMMA_SMEM_BUDGET, at most
+    WGMMA_MAX_STAGES; the stage count is a -D of its own."""
     c = KernelConfig(8, 64, "wgmma")
     assert (c.block_rows, c.threads, c.name) == (128, 256, "wgmma_m8_b64")
     assert (KernelConfig(4, 32, "wgmma").threads, KernelConfig(4, 32, "wgmma").name) == (128, "wgmma_m4_b32")
-    assert c.grid(Sq=129, Hq=64, B=2) == (2, 64, 2)
-    assert c.defines(64) == {"HEAD_DIM": 64, "M_TILES": 8, "BKV": 64}  # the file differs, not -D
-    assert WGMMA_MAX_STAGES == 4
-    # (8, 64) at d = 64 and (8, 32) at d = 128: 16 KiB a stage, 3 stages = the whole 48 KiB
-    assert (c.kv_stages(64), c.smem_bytes(64)) == (3, 3 * 2 * 64 * 64 * 2) == (3, 49152)
-    c128 = KernelConfig(8, 32, "wgmma")
-    assert (c128.kv_stages(128), c128.smem_bytes(128)) == (3, 49152)
-    assert c.fits(64) and c128.fits(128)
-    # capped at 4 stages: (8, 32) at d = 64 is 8 KiB a stage, 6 would fit
-    assert (c128.kv_stages(64), c128.smem_bytes(64)) == (4, 4 * 2 * 32 * 64 * 2)
-    # one 128-key stage is 32 KiB at d = 64 (fits) and 64 KiB at d = 128 (does not)
+    c16 = KernelConfig(16, 64, "wgmma")
+    assert (c16.block_rows, c16.threads, c16.name) == (256, 512, "wgmma_m16_b64")
+    assert c.grid(Sq=129, Hq=64, B=2) == (2, 64, 2) and c16.grid(Sq=257, Hq=64, B=1) == (2, 64, 1)
+    assert (WGMMA_SMEM_BUDGET, WGMMA_MAX_STAGES) == (96 * 1024, 6)
+    # 64-key tiles at d = 64: 16 KiB a stage, 6 stages = the whole 96 KiB budget
+    assert c16.defines(64) == {"HEAD_DIM": 64, "M_TILES": 16, "BKV": 64, "KV_STAGES": 6}
+    assert (c16.kv_stages(64), c16.smem_bytes(64), c16.dynamic_smem_bytes(64)) == (6, 98304, 98304)
+    # 64-key tiles at d = 128: 32 KiB a stage, 3 stages
+    assert (c.kv_stages(128), c.dynamic_smem_bytes(128)) == (3, 3 * 2 * 64 * 128 * 2) == (3, 98304)
+    # capped at 6 stages: 32-key tiles at d = 64 are 8 KiB a stage, 12 would fit
+    c32 = KernelConfig(8, 32, "wgmma")
+    assert (c32.kv_stages(64), c32.dynamic_smem_bytes(64)) == (6, 6 * 2 * 32 * 64 * 2)
+    # one 128-key stage is 32 KiB at d = 64 (3 stages) and 64 KiB at d = 128 (one)
     big = KernelConfig(8, 128, "wgmma")
-    assert (big.kv_stages(64), big.smem_bytes(64), big.fits(64)) == (1, 32768, True)
-    assert (big.kv_stages(128), big.smem_bytes(128), big.fits(128)) == (1, 65536, False)
-    with pytest.raises(ValueError, match="^bkv: 128 keys at d=128"):
-        big.defines(128)
+    assert (big.kv_stages(64), big.smem_bytes(64), big.fits(64)) == (3, 98304, True)
+    assert (big.kv_stages(128), big.smem_bytes(128), big.fits(128)) == (1, 65536, True)
     assert all(w.fits(d) for d, w in WGMMA_BY_HEAD_DIM.items())
-    assert WGMMA_CANDIDATES == (KernelConfig(8, 64, "wgmma"), KernelConfig(8, 32, "wgmma"))
-    assert {d: w.name for d, w in WGMMA_BY_HEAD_DIM.items()} == {64: "wgmma_m8_b64", 128: "wgmma_m8_b32"}
+    assert WGMMA_CANDIDATES == (KernelConfig(16, 64, "wgmma"), KernelConfig(8, 64, "wgmma"))
+    assert {d: w.name for d, w in WGMMA_BY_HEAD_DIM.items()} == {64: "wgmma_m16_b64", 128: "wgmma_m8_b64"}
+    # the other paths: static shared memory, none passed at launch
+    for other in (KernelConfig(4, 64), KernelConfig(4, 64, "mma"), KernelConfig(8, 64, "mma", 2)):
+        assert other.dynamic_smem_bytes(64) == 0 and "KV_STAGES" not in other.defines(64)
+
+
+def test_wgmma_shared_memory_over_the_budget_is_refused(monkeypatch):
+    """A wgmma tile whose single K/V stage is over WGMMA_SMEM_BUDGET does not fit; defines()
+    says so, naming bkv and the dynamic shared memory it would need."""
+    from hipkernel import config as C
+    monkeypatch.setattr(C, "WGMMA_SMEM_BUDGET", 48 * 1024)  # 128 keys x d 128 = 64 KiB a stage
+    big = KernelConfig(8, 128, "wgmma")
+    assert not big.fits(128) and big.fits(64)
+    with pytest.raises(ValueError, match=r"^bkv: 128 keys at d=128 need 65536 bytes of "
+                                         r"dynamic shared memory, over the 49152 byte limit"):
+        big.defines(128)
+
+
+def test_m_tiles_16_is_for_wgmma_only():
+    """Four warpgroups a block (512 threads) exist on the wgmma path only; the other paths
+    keep their m_tiles set (and its message)."""
+    assert KernelConfig(16, 64, "wgmma").threads == 512
+    for path in ("scalar", "mma"):
+        with pytest.raises(ValueError, match=r"^m_tiles: expected one of \(1, 2, 4, 8\), got 16"):
+            KernelConfig(16, 64, path)
 
 
 @pytest.mark.parametrize("kw, field", [
@@ -410,10 +436,10 @@ def test_has_wgmma_truth_table(arch, mma, wgmma):
 
 def test_wgmma_candidates_only_on_sm90():
     """On sm_90 each head dim's sweep ends with its wgmma tile; sm_80 and AMD get none."""
-    assert candidates("sm_90", 64)[-1].name == "wgmma_m8_b64"
-    assert candidates("sm_90", 128)[-1].name == "wgmma_m8_b32"
-    assert [c.name for c in candidates("sm_90a", 64) if c.path == "wgmma"] == ["wgmma_m8_b64"]
-    assert [c.name for c in candidates("sm_90") if c.path == "wgmma"] == ["wgmma_m8_b64", "wgmma_m8_b32"]
+    assert candidates("sm_90", 64)[-1].name == "wgmma_m16_b64"
+    assert candidates("sm_90", 128)[-1].name == "wgmma_m8_b64"
+    assert [c.name for c in candidates("sm_90a", 64) if c.path == "wgmma"] == ["wgmma_m16_b64"]
+    assert [c.name for c in candidates("sm_90") if c.path == "wgmma"] == ["wgmma_m16_b64", "wgmma_m8_b64"]
     for arch in ("sm_80", "sm_89", "sm_100", "gfx942", "gfx1151"):
         for d in (None, *HEAD_DIMS):
             assert not [c.name for c in candidates(arch, d) if c.path == "wgmma"], (arch, d)
@@ -426,22 +452,24 @@ def test_compiled_variants_hold_both_wgmma_tiles():
     tile at its own head dim, and nothing that overflows shared memory."""
     variants = compiled_variants()
     assert [(d, c.name) for d, c in variants if c.path == "wgmma"] == [
-        (64, "wgmma_m8_b64"), (128, "wgmma_m8_b32")]
+        (64, "wgmma_m16_b64"), (128, "wgmma_m8_b64")]
     assert variants == [(d, c) for d in HEAD_DIMS for c in candidates("sm_90a", d)]
     assert all(c.fits(d) for d, c in variants)
     assert len(set(variants)) == len(variants)
 
 
-@pytest.mark.parametrize("d, bkv", [(64, 64), (128, 32)])
-def test_wgmma_model_is_the_mma_model(d, bkv):
-    """The model of "wgmma" is the model of "mma" at the same tiles (P rounded to fp16 before
-    P.V, the same KV walk): bitwise equal output, with a sink, a window and a ragged tail.
-    Against the scalar path they differ by that rounding only."""
-    s = Shape("wgmma", B=2, Sq=150, Hq=8, Hkv=2, d=d, past=83, window=70, sink="per_head", seed=3)
-    wg = run_model(replace(s, config=KernelConfig(8, bkv, "wgmma")))
+@pytest.mark.parametrize("d, bkv, m_wg", [(64, 64, 8), (128, 32, 8), (64, 64, 16), (128, 64, 8)])
+def test_wgmma_model_is_the_mma_model(d, bkv, m_wg):
+    """The model of "wgmma" is the model of "mma" at the same key tiles (P rounded to fp16
+    before P.V, the same KV walk): bitwise equal output, with a sink, a window and a ragged
+    tail, also with four warpgroups a block (256 rows; the extra tiles its start clamp walks
+    are invisible to the rows that did not need them). Against the scalar path they differ
+    by that rounding only."""
+    s = Shape("wgmma", B=2, Sq=300, Hq=8, Hkv=2, d=d, past=83, window=70, sink="per_head", seed=3)
+    wg = run_model(replace(s, config=KernelConfig(m_wg, bkv, "wgmma")))
     mma = run_model(replace(s, config=KernelConfig(8, bkv, "mma")))
     scalar = run_model(replace(s, config=KernelConfig(8, bkv)))
-    assert wg.dtype == np.float16 and wg.shape == (2, 150, 8, d) and np.isfinite(wg).all()
+    assert wg.dtype == np.float16 and wg.shape == (2, 300, 8, d) and np.isfinite(wg).all()
     assert np.array_equal(wg.view(np.uint16), mma.view(np.uint16)), \
         f"wgmma and mma models differ at {int((wg != mma).sum())} elements"
     assert not np.array_equal(wg, scalar)  # the fp16 P rounding is there
