@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Nsight Compute on the H200: what limits the autotuned configs on the bench shapes that
 # miss their targets. One report per shape (the third launch of the config: two warm-ups).
-#   OUT=dir bash scripts/ncu_h200.sh
+#   OUT=dir bash scripts/ncu_h200.sh                       (the specs below)
+#   OUT=dir bash scripts/ncu_h200.sh "gptoss-16384@0 wgmma_m16_b64" ...   (these only)
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1 HIPKERNEL_CACHE_DIR=${HIPKERNEL_CACHE_DIR:-/tmp/hkcache}
 : "${OUT:?set OUT to the output directory}"
 SECTIONS="--section SpeedOfLight --section Occupancy --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section LaunchStats"
 METRICS="--metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum.pct_of_peak_sustained_elapsed,smsp__warp_issue_stalled_barrier_per_warp_active.pct,smsp__warp_issue_stalled_short_scoreboard_per_warp_active.pct,smsp__warp_issue_stalled_math_pipe_throttle_per_warp_active.pct,smsp__warp_issue_stalled_long_scoreboard_per_warp_active.pct,smsp__warp_issue_stalled_mio_throttle_per_warp_active.pct"
-for spec in "gptoss-512@8192 mma_m8_b64_w2" "gptoss-16384@0 mma_m8_b64_w2" "gptoss-16384@0-w128 mma_m4_b32" "d128-512@8192 mma_m4_b32"; do
+[ $# -gt 0 ] || set -- "gptoss-16384@0 wgmma_m16_b64" "gptoss-512@8192 wgmma_m16_b64" \
+    "gptoss-16384@0-w128 mma_m4_b32" "d128-16384@0 wgmma_m8_b64"
+for spec in "$@"; do
   set -- $spec
   echo "== $1 $2"
   timeout 100 ncu --clock-control none $SECTIONS -k gqa_flash_prefill -s 2 -c 1 \

@@ -35,8 +35,8 @@ from hypothesis import strategies as st
 import hipkernel
 from hipkernel import api, model, reliability
 from hipkernel.autotune import Autotuner
-from hipkernel.config import (CANDIDATES, DEFAULT, HEAD_DIMS, MMA_CANDIDATES, WGMMA_BY_HEAD_DIM,
-                              KernelConfig, has_mma)
+from hipkernel.config import (CANDIDATES, DEFAULT, HEAD_DIMS, WGMMA_BY_HEAD_DIM,
+                              WGMMA_TARGET, KernelConfig, candidates, has_mma, has_wgmma)
 from hipkernel.reliability import Geometry
 from refattn.cases import OUT_CANARY_BITS, Case, make_inputs
 from refattn.kernels import get_kernel
@@ -236,10 +236,14 @@ def gpu_geometries(draw) -> Geometry:
     Hkv, G = draw(st.sampled_from([1, 2, 4, 8])), draw(st.sampled_from([1, 2, 4, 8]))
     Sq, past = draw(st.integers(1, 300)), draw(st.integers(0, 3000))
     window = draw(st.one_of(st.just(-1), st.integers(1, 8), st.integers(1, 600)))
-    g = Geometry(B=draw(st.integers(1, 2)), Sq=Sq, Hq=Hkv * G, Hkv=Hkv, d=draw(st.sampled_from(HEAD_DIMS)),
+    d = draw(st.sampled_from(HEAD_DIMS))
+    # every config some target runs (scalar, mma, wgmma) that fits d; the test falls back
+    # where the GPU lacks its path
+    configs = [c for c in candidates(WGMMA_TARGET) if c.fits(d)]
+    g = Geometry(B=draw(st.integers(1, 2)), Sq=Sq, Hq=Hkv * G, Hkv=Hkv, d=d,
                  past_len=past, window=window, sink=draw(st.sampled_from(["none", "per_head", "smooth"])),
                  seed=draw(st.integers(0, 2**31 - 1)),
-                 config=draw(st.sampled_from(CANDIDATES + MMA_CANDIDATES)).name,
+                 config=draw(st.sampled_from(configs)).name,
                  tight=draw(st.booleans()), scale=draw(st.sampled_from([None, None, None, 0.5, 2.0])))
     return reliability.fit_cost(g)
 
@@ -262,11 +266,14 @@ def gpu_backend():
 @example(g=Geometry(1, 1, 64, 8, 64, 2999, -1, "per_head", 2, "m1_b64", tight=True))  # decode, tail tile
 @example(g=Geometry(2, 300, 4, 4, 128, 1000, 128, "smooth", 3, "m2_b32", scale=2.0))  # window skips tiles
 @example(g=Geometry(1, 77, 16, 2, 128, 2500, -1, "per_head", 4, "mma_m4_b64"))   # tensor-core path
+@example(g=Geometry(1, 300, 16, 2, 64, 700, 100, "per_head", 5, "wgmma_m16_b64"))  # wgmma, window
+@example(g=Geometry(2, 45, 8, 8, 128, 37, -1, "smooth", 6, "wgmma_m8_b64", tight=True))  # ragged tail
 def test_gpu_kernel_matches_reference_on_random_geometries(gpu_backend, g):
     """The kernel on ``g`` writes every element of a NaN-primed output and passes the
     derived gate; a failure names the geometry and how to reproduce it. Tensor-core configs
-    fall back to the default on a target without them."""
-    if g.kernel_config().path != "scalar" and not has_mma(gpu_backend.arch):
+    fall back to the default on a target without their path."""
+    path = g.kernel_config().path
+    if (path == "mma" and not has_mma(gpu_backend.arch)) or (path == "wgmma" and not has_wgmma(gpu_backend.arch)):
         g = replace(g, config=DEFAULT.name)
     row = reliability.run_one(gpu_backend, g)
     assert row["passed"], (f"{row['describe']}: {row['summary']}\n{row.get('failure_message', '')}\n"
