@@ -633,6 +633,45 @@ def test_gpu_missing_kernel_name_is_a_decoded_error(gpu, tmp_path):
         be.compile(VADD, {"OFFSET": 0}, "no_such_kernel")
 
 
+SMEM_REVERSE = r"""
+extern "C" __global__ void smem_reverse(const float* a, float* out, int n) {
+    extern __shared__ float buf[];  // n floats of dynamic shared memory
+    for (int i = threadIdx.x; i < n; i += blockDim.x) buf[i] = a[i];
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = buf[n - 1 - i];
+}
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_dynamic_shared_memory_over_48_kib(gpu, tmp_path):
+    """A launch with 96 KiB of dynamic shared memory (what the wgmma path takes) works: the
+    backend opts the kernel in first (CUDA; AMD needs no opt-in and has 64 KiB, so there it
+    asks for 64). Every byte of it is written and read back, so a smaller allocation would
+    show as wrong output (or a launch error) rather than pass."""
+    be = type(gpu)(cache=DiskCache(tmp_path, enabled=True))
+    kern = be.compile(SMEM_REVERSE, {}, "smem_reverse")
+    nbytes = 96 * 1024 if be.name == "cuda" else 64 * 1024
+    n = nbytes // 4
+    a = np.arange(n, dtype=np.float32)
+    bufs = [be.alloc(a.nbytes) for _ in range(2)]
+    try:
+        be.htod(bufs[0], a)
+        be.memset(bufs[1], 0xFF, a.nbytes)
+        be.launch(kern, 1, 256, [(ctypes.c_void_p, bufs[0]), (ctypes.c_void_p, bufs[1]),
+                                 (ctypes.c_int32, n)], shared_mem=nbytes)
+        be.synchronize()
+        out = np.empty_like(a)
+        be.dtoh(out, bufs[1])
+        np.testing.assert_array_equal(out, a[::-1])
+        assert kern.shared_mem_allowed >= nbytes
+        with pytest.raises(ValueError, match="^shared_mem: .* bytes of dynamic shared memory, over"):
+            be.launch(kern, 1, 256, [], shared_mem=1 << 20)  # 1 MiB: no GPU has it
+    finally:
+        for p in bufs:
+            p.free()
+
+
 def test_errors_survive_a_process_boundary():
     """hipkernel.build gets compile errors back from worker processes, log included."""
     import pickle
