@@ -359,28 +359,32 @@ def test_launch_checks_geometry_and_passes_packed_args(host):
 
 
 def test_launch_opts_a_kernel_in_to_dynamic_shared_memory_once(host):
-    """Up to 48 KiB (DEFAULT_DYNAMIC_SHARED) a launch passes its dynamic shared memory as is;
-    above, the kernel is opted in first, once per new high: launches at or under what it was
-    allowed do not ask again. A bad size is a ValueError naming shared_mem, before any call."""
-    kern = host.compile(SRC, {}, "k")
-    assert kern.shared_mem_allowed == DEFAULT_DYNAMIC_SHARED == 48 * 1024
-    for nbytes in (0, 1024, 48 * 1024):
+    """Up to 48 KiB (DEFAULT_DYNAMIC_SHARED) of static plus dynamic shared memory a launch
+    passes its dynamic part as is; above, the kernel is opted in first, once per new high:
+    launches at or under what it was allowed do not ask again. A bad size is a ValueError
+    naming shared_mem, before any call."""
+    kern = host.compile(SRC, {}, "k")  # the fake compiler reports 128 bytes of static memory
+    assert kern.info.smem == 128 and DEFAULT_DYNAMIC_SHARED == 48 * 1024
+    assert kern.shared_mem_allowed == 48 * 1024 - 128
+    for nbytes in (0, 1024, 48 * 1024 - 128):
         host.launch(kern, 1, 32, [], shared_mem=nbytes)
-    assert host.opt_ins == [] and [x[3] for x in host.launches] == [0, 1024, 48 * 1024]
-    for nbytes in (96 * 1024, 96 * 1024, 64 * 1024, 128 * 1024):
+    assert host.opt_ins == [] and [x[3] for x in host.launches] == [0, 1024, 48 * 1024 - 128]
+    for nbytes in (48 * 1024, 96 * 1024, 96 * 1024, 64 * 1024, 128 * 1024):
         host.launch(kern, 1, 32, [], shared_mem=nbytes)
-    assert host.opt_ins == [(kern.function, 96 * 1024), (kern.function, 128 * 1024)]
-    assert [x[3] for x in host.launches[3:]] == [96 * 1024, 96 * 1024, 64 * 1024, 128 * 1024]
+    assert host.opt_ins == [(kern.function, 48 * 1024), (kern.function, 96 * 1024),
+                            (kern.function, 128 * 1024)]
+    assert [x[3] for x in host.launches[3:]] == [48 * 1024, 96 * 1024, 96 * 1024, 64 * 1024,
+                                                 128 * 1024]
     assert kern.shared_mem_allowed == 128 * 1024
     other = host.compile(SRC + " ", {}, "k")  # another function starts at the default
-    assert other.shared_mem_allowed == 48 * 1024
+    assert other.shared_mem_allowed == 48 * 1024 - 128
     n = len(host.launches)
     for bad in (-1, 1.5, True, "96k", None):
         with pytest.raises(ValueError, match="^shared_mem"):
             host.launch(other, 1, 32, [], shared_mem=bad)
     with pytest.raises(ValueError, match="^shared_mem: 233472 bytes"):  # over the device
         host.launch(other, 1, 32, [], shared_mem=228 * 1024)
-    assert len(host.launches) == n and other.shared_mem_allowed == 48 * 1024
+    assert len(host.launches) == n and other.shared_mem_allowed == 48 * 1024 - 128
 
 
 def test_time_ms_uses_events_around_each_call(host):

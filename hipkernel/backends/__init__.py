@@ -279,7 +279,8 @@ class Kernel:
     key: str
     info: CompileResult
     from_disk: bool = False
-    # dynamic shared memory a launch may pass without an opt-in first (CUDA's default)
+    # dynamic shared memory a launch may pass without an opt-in first: CUDA's 48 KiB less
+    # the function's static shared memory (compile() sets it), then what it was opted in to
     shared_mem_allowed: int = DEFAULT_DYNAMIC_SHARED
 
 
@@ -419,8 +420,9 @@ class Backend:
             self._results[key] = result
         result = self._results[key]
         info = CompileResult(**{**asdict(result), "binary": b""})
+        # static and dynamic shared memory share CUDA's no-opt-in 48 KiB
         kern = Kernel(kernel_name, self._get_function(module, kernel_name), module, key, info,
-                      from_disk)
+                      from_disk, max(0, DEFAULT_DYNAMIC_SHARED - (info.smem or 0)))
         self._kernels[(key, kernel_name)] = kern
         return kern
 
@@ -488,9 +490,9 @@ class Backend:
     # ---- launch + timing ------------------------------------------------------------------
     def launch(self, kernel: Kernel, grid, block, args, shared_mem: int = 0) -> None:
         """Launch ``kernel`` on the default stream. ``args``: ``[(ctype, value), ...]`` or a
-        prebuilt :class:`KernelArgs`; ``shared_mem``: bytes of dynamic shared memory (over
-        DEFAULT_DYNAMIC_SHARED, the kernel is opted in to it once, before its first such
-        launch). Asynchronous: errors from the kernel itself show at the next
+        prebuilt :class:`KernelArgs`; ``shared_mem``: bytes of dynamic shared memory (when
+        they and the kernel's static shared memory are over DEFAULT_DYNAMIC_SHARED, the
+        kernel is opted in to them once, before its first such launch). Asynchronous: errors from the kernel itself show at the next
         ``synchronize()``."""
         grid, block = _dims("grid", grid), _dims("block", block)
         if block[0] * block[1] * block[2] > 1024:
