@@ -64,8 +64,8 @@ def _check_int(name: str, x, allowed) -> int:
 @dataclass(frozen=True)
 class KernelConfig:
     """A tile configuration: ``m_tiles`` groups of 16 query rows per block, ``bkv`` keys per
-    KV tile, the kernel ``path`` ("scalar" or "mma") that runs it, and (mma only) ``warp_m``
-    groups of 16 rows per warp. ``warp_m`` changes only which warp computes a row, not the
+    KV tile, the kernel ``path`` ("scalar", "mma" or "wgmma") that runs it, and (mma only)
+    ``warp_m`` groups of 16 rows per warp. ``warp_m`` changes only which warp computes a row, not the
     arithmetic: the model (and so every result) depends on ``m_tiles``, ``bkv`` and ``path``."""
 
     m_tiles: int

@@ -273,7 +273,8 @@ def test_gpu_kernel_matches_reference_on_random_geometries(gpu_backend, g):
     derived gate; a failure names the geometry and how to reproduce it. Tensor-core configs
     fall back to the default on a target without their path."""
     path = g.kernel_config().path
-    if (path == "mma" and not has_mma(gpu_backend.arch)) or (path == "wgmma" and not has_wgmma(gpu_backend.arch)):
+    lacks = {"mma": not has_mma(gpu_backend.arch), "wgmma": not has_wgmma(gpu_backend.arch)}
+    if lacks.get(path, False):
         g = replace(g, config=DEFAULT.name)
     row = reliability.run_one(gpu_backend, g)
     assert row["passed"], (f"{row['describe']}: {row['summary']}\n{row.get('failure_message', '')}\n"

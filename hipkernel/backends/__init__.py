@@ -355,8 +355,9 @@ class Backend:
         raise NotImplementedError
 
     def _allow_dynamic_shared(self, function, nbytes: int) -> None:
-        """Let ``function`` launch with ``nbytes`` (> DEFAULT_DYNAMIC_SHARED) of dynamic
-        shared memory; ValueError when the device has fewer a block."""
+        """Let ``function`` launch with ``nbytes`` of dynamic shared memory, more than it may
+        take without an opt-in (``Kernel.shared_mem_allowed``); ValueError when a block of
+        the device cannot have that many."""
         raise NotImplementedError
 
     def _alloc(self, nbytes: int) -> int:
@@ -492,12 +493,13 @@ class Backend:
         """Launch ``kernel`` on the default stream. ``args``: ``[(ctype, value), ...]`` or a
         prebuilt :class:`KernelArgs`; ``shared_mem``: bytes of dynamic shared memory (when
         they and the kernel's static shared memory are over DEFAULT_DYNAMIC_SHARED, the
-        kernel is opted in to them once, before its first such launch). Asynchronous: errors from the kernel itself show at the next
-        ``synchronize()``."""
+        kernel is opted in to them once, before its first such launch). Asynchronous:
+        errors from the kernel itself show at the next ``synchronize()``."""
         grid, block = _dims("grid", grid), _dims("block", block)
         if block[0] * block[1] * block[2] > 1024:
             raise ValueError(f"block: {block} has more than 1024 threads")
-        if isinstance(shared_mem, bool) or not isinstance(shared_mem, numbers.Integral) or shared_mem < 0:
+        if (isinstance(shared_mem, bool) or not isinstance(shared_mem, numbers.Integral)
+                or shared_mem < 0):
             raise ValueError(f"shared_mem: expected an int >= 0 (bytes), got {shared_mem!r}")
         shared_mem = int(shared_mem)
         params = args if isinstance(args, KernelArgs) else KernelArgs(args)
