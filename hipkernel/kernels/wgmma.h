@@ -36,6 +36,26 @@ HK_INLINE hk_u64 hk_wgmma_desc(unsigned int addr, unsigned int lbo, unsigned int
 // Order this thread's generic-proxy writes of shared memory (st.shared, cp.async) before
 // later async-proxy reads (wgmma operands); a barrier then extends it to the block.
 HK_INLINE void hk_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// mbarriers in shared memory (8 bytes each, 8-byte aligned), block scope. A phase completes
+// when `count` arrivals have happened; waiters name the parity of the phase they wait for.
+HK_INLINE void hk_mbar_init(unsigned int bar, unsigned int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+HK_INLINE void hk_mbar_arrive(unsigned int bar) {  // release: this thread's accesses before it
+    asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.shared::cta.b64 st, [%0];\n}" ::"r"(bar) : "memory");
+}
+// One arrival, triggered once every cp.async this thread issued so far has landed (.noinc:
+// it counts against the init count).
+HK_INLINE void hk_mbar_arrive_cp_async(unsigned int bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+HK_INLINE void hk_mbar_wait(unsigned int bar, unsigned int parity) {  // acquire
+    unsigned int done;
+    do {
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     " selp.u32 %0, 1, 0, p;\n}" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!done);
+}
 // Before the first wgmma that reads registers written since the last one.
 HK_INLINE void hk_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 // Close the group of wgmma issued so far by this warpgroup.
