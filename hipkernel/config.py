@@ -53,6 +53,7 @@ _WGMMA_BKV = (32, 64, 128)  # the n of the Q.K wgmma
 # 7.05 ms, 4 stages 7.41 and 8 stages 7.20.
 WGMMA_SMEM_BUDGET = 96 * 1024
 WGMMA_MAX_STAGES = 6
+WGMMA_MIN_STAGES = 2  # the mbarrier pipeline refills a stage other than the one computed
 
 
 def _check_int(name: str, x, allowed) -> int:
@@ -143,12 +144,16 @@ class KernelConfig:
 
     def dynamic_smem_bytes(self, d: int) -> int:
         """The dynamic shared memory a launch at head dim ``d`` passes: the wgmma path's
-        K/V stages; 0 on the other paths (their shared memory is static)."""
-        return self.smem_bytes(d) if self.path == "wgmma" else 0
+        K/V stages and their two mbarriers (16 bytes a stage); 0 on the other paths (their
+        shared memory is static)."""
+        return self.smem_bytes(d) + 16 * self.kv_stages(d) if self.path == "wgmma" else 0
 
     def fits(self, d: int) -> bool:
         """Whether this config compiles at head dim ``d``: its shared memory fits (48 KiB
-        of static memory; on the wgmma path, one K/V stage in WGMMA_SMEM_BUDGET)."""
+        of static memory; on the wgmma path, WGMMA_MIN_STAGES K/V stages in
+        WGMMA_SMEM_BUDGET)."""
+        if self.path == "wgmma":
+            return WGMMA_MIN_STAGES * self._kv_tile_bytes(d) <= WGMMA_SMEM_BUDGET
         return self.smem_bytes(d) <= self._smem_limit
 
     @property
@@ -159,9 +164,11 @@ class KernelConfig:
         """The ``-D`` macros that compile this config at head dim ``d``."""
         d = _check_int("d", d, HEAD_DIMS)
         if not self.fits(d):
-            kind = "dynamic" if self.path == "wgmma" else "static"
+            need, kind = self.smem_bytes(d), "static"
+            if self.path == "wgmma":
+                need, kind = WGMMA_MIN_STAGES * self._kv_tile_bytes(d), "dynamic"
             raise ValueError(
-                f"bkv: {self.bkv} keys at d={d} need {self.smem_bytes(d)} bytes of {kind} shared "
+                f"bkv: {self.bkv} keys at d={d} need {need} bytes of {kind} shared "
                 f"memory, over the {self._smem_limit} byte limit"
             )
         defines = {"HEAD_DIM": d, "M_TILES": self.m_tiles, "BKV": self.bkv}

@@ -10,9 +10,10 @@
 //   block         32 * M_TILES threads = M_TILES / 4 warpgroups; warpgroup w owns query rows
 //                 [64 w, 64 w + 64) of the Q tile, its warp x rows [16 x, 16 x + 16) of those
 //   shared        dynamic, KV_STAGES x (K tile + V tile) = KV_STAGES * 4 * BKV * HEAD_DIM
-//                 bytes (KernelConfig.dynamic_smem_bytes; the launch raises the function's
-//                 limit above the default 48 KiB), BKV x HEAD_DIM halves a tile, in wgmma's
-//                 no-swizzle core-matrix layout (below)
+//                 bytes, then two mbarriers a stage (16 bytes; KernelConfig.
+//                 dynamic_smem_bytes; the launch raises the function's limit above the
+//                 default 48 KiB), BKV x HEAD_DIM halves a tile, in wgmma's no-swizzle
+//                 core-matrix layout (below)
 //   pointers      q, k, v, out 16-byte aligned
 //
 // The algorithm is the mma path's, step for step, with the per-row steps in
@@ -70,8 +71,11 @@
 #if KV_STAGES < 2
 #error "the mbarrier pipeline needs KV_STAGES >= 2"
 #endif
+// Tiles loaded ahead. A warpgroup may run KV_STAGES - 1 - LOOKAHEAD tiles ahead of the
+// slowest of its block; on the H200 (wgmma_m16_b64, 6 stages) 3 tiles of that drift ran
+// 16384@0 in 6.78 ms, 2 in 7.62, 1 in 7.78: so 3 where the stages allow it.
 #ifndef LOOKAHEAD
-#define LOOKAHEAD (KV_STAGES / 2)  // tiles loaded ahead; KV_STAGES - 1 - LOOKAHEAD of drift
+#define LOOKAHEAD (KV_STAGES > 4 ? KV_STAGES - 4 : 1)
 #endif
 #if LOOKAHEAD < 1 || LOOKAHEAD >= KV_STAGES
 #error "LOOKAHEAD must be in [1, KV_STAGES)"
@@ -193,8 +197,9 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     // Every thread loads its share of tile t + LOOKAHEAD at iteration t, into the stage of
     // tile t + LOOKAHEAD - KV_STAGES, which it first waits to be empty: so a warpgroup may run
     // up to KV_STAGES - 1 - LOOKAHEAD tiles ahead of the slowest before anyone blocks.
-    __shared__ __attribute__((aligned(8))) unsigned long long bars[2 * KV_STAGES];
-    const unsigned int full0 = hk_smem_u32(bars), empty0 = full0 + 8u * KV_STAGES;
+    // (the barriers follow the K/V stages in the dynamic buffer: 16 bytes a stage)
+    const unsigned int full0 = hk_smem_u32(kv_s) + KV_STAGES * 2u * TILE_BYTES;
+    const unsigned int empty0 = full0 + 8u * KV_STAGES;
     if (tid == 0) {
 #pragma unroll
         for (int i = 0; i < KV_STAGES; ++i) {
