@@ -53,7 +53,11 @@ _WGMMA_BKV = (32, 64, 128)  # the n of the Q.K wgmma
 # 7.05 ms, 4 stages 7.41 and 8 stages 7.20.
 WGMMA_SMEM_BUDGET = 96 * 1024
 WGMMA_MAX_STAGES = 6
-WGMMA_MIN_STAGES = 2  # the mbarrier pipeline refills a stage other than the one computed
+# With four warpgroups (m_tiles 16) the kernel's stages run on mbarriers (16 bytes a stage,
+# after them in the dynamic buffer; reserved for every wgmma tile), which refill a stage
+# other than the one computed: 2 stages at least.
+WGMMA_MBAR_M_TILES = 16
+WGMMA_MBAR_MIN_STAGES = 2
 
 
 def _check_int(name: str, x, allowed) -> int:
@@ -150,11 +154,15 @@ class KernelConfig:
 
     def fits(self, d: int) -> bool:
         """Whether this config compiles at head dim ``d``: its shared memory fits (48 KiB
-        of static memory; on the wgmma path, WGMMA_MIN_STAGES K/V stages in
-        WGMMA_SMEM_BUDGET)."""
+        of static memory; on the wgmma path, its minimum of K/V stages in
+        WGMMA_SMEM_BUDGET: 2 with four warpgroups, else 1)."""
         if self.path == "wgmma":
-            return WGMMA_MIN_STAGES * self._kv_tile_bytes(d) <= WGMMA_SMEM_BUDGET
+            return self._wgmma_min_stages * self._kv_tile_bytes(d) <= WGMMA_SMEM_BUDGET
         return self.smem_bytes(d) <= self._smem_limit
+
+    @property
+    def _wgmma_min_stages(self) -> int:
+        return WGMMA_MBAR_MIN_STAGES if self.m_tiles >= WGMMA_MBAR_M_TILES else 1
 
     @property
     def _smem_limit(self) -> int:
@@ -166,7 +174,7 @@ class KernelConfig:
         if not self.fits(d):
             need, kind = self.smem_bytes(d), "static"
             if self.path == "wgmma":
-                need, kind = WGMMA_MIN_STAGES * self._kv_tile_bytes(d), "dynamic"
+                need, kind = self._wgmma_min_stages * self._kv_tile_bytes(d), "dynamic"
             raise ValueError(
                 f"bkv: {self.bkv} keys at d={d} need {need} bytes of {kind} shared "
                 f"memory, over the {self._smem_limit} byte limit"

@@ -195,8 +195,9 @@ def test_wgmma_config_needs_an_sm90_target():
         launch = be.launches[-1]
         assert launch["kernel"] == {"HEAD_DIM": 64, "M_TILES": 8, "BKV": 64, "KV_STAGES": 6}
         assert launch["block"] == (256, 1, 1) and launch["grid"] == (1, 8, 1)
-        # its K/V stages are dynamic shared memory, passed at launch: 6 x 16 KiB
-        assert launch["shared_mem"] == KernelConfig(8, 64, "wgmma").dynamic_smem_bytes(64) == 98304
+        # its K/V stages are dynamic shared memory, passed at launch: 6 x 16 KiB, and 6 x 16
+        # bytes of mbarriers
+        assert launch["shared_mem"] == KernelConfig(8, 64, "wgmma").dynamic_smem_bytes(64) == 98400
     # the other paths' shared memory is static: none passed
     be = RecordingBackend(arch="sm_90")
     for cfg in ({"path": "mma", "m_tiles": 4, "bkv": 64}, {"m_tiles": 4, "bkv": 64}):

@@ -439,11 +439,12 @@ def test_real_wgmma_kernel_sm90a(tmp_path):
     for r in rows:
         cfg = WGMMA_BY_HEAD_DIM[r["d"]]
         assert r["spills"] == 0 and 0 < r["regs"] <= 255, r
-        assert r["smem"] == 0 and cfg.dynamic_smem_bytes(r["d"]) == 96 * 1024, r
+        assert r["smem"] == 0, r
+        assert cfg.dynamic_smem_bytes(r["d"]) == 96 * 1024 + 16 * cfg.kv_stages(r["d"]), r
 
 
 def test_every_wgmma_tile_compiles_with_dynamic_shared_memory_only():
-    """Every wgmma tile (m_tiles 4/8/16 x bkv 32/64/128 x each head dim, each with the
+    """Every wgmma tile that fits (m_tiles 4/8/16 x bkv 32/64/128 x each head dim, with the
     KV_STAGES its config gives) compiles for sm_90a with no static shared memory; the ones
     the tuner offers do not spill (four warpgroups at d = 128 do: 128 registers a thread
     cannot hold their accumulators, which is why d = 128 gets two)."""
@@ -459,7 +460,9 @@ def test_every_wgmma_tile_compiles_with_dynamic_shared_memory_only():
 
     tiles = [(d, KernelConfig(m, b, "wgmma")) for d in HEAD_DIMS for m in (4, 8, 16)
              for b in (32, 64, 128)]
-    assert all(c.fits(d) for d, c in tiles)  # one stage of the biggest is 64 KiB of 96
+    # one stage of the biggest is 64 KiB of 96; four warpgroups need two (mbarrier pipeline)
+    assert [(d, c.name) for d, c in tiles if not c.fits(d)] == [(128, "wgmma_m16_b128")]
+    tiles = [(d, c) for d, c in tiles if c.fits(d)]
     variants = [build.Variant(d, c.name, api.kernel_defines(d, c), "wgmma") for d, c in tiles]
     rows = build.check(["sm_90a"], {"wgmma": api.kernel_source("wgmma")}, variants,
                        api.KERNEL_NAME, jobs=0)

@@ -370,16 +370,22 @@ def test_wgmma_config_geometry_and_shared_memory():
     assert (WGMMA_SMEM_BUDGET, WGMMA_MAX_STAGES) == (96 * 1024, 6)
     # 64-key tiles at d = 64: 16 KiB a stage, 6 stages = the whole 96 KiB budget
     assert c16.defines(64) == {"HEAD_DIM": 64, "M_TILES": 16, "BKV": 64, "KV_STAGES": 6}
-    assert (c16.kv_stages(64), c16.smem_bytes(64), c16.dynamic_smem_bytes(64)) == (6, 98304, 98304)
+    # ... and after the stages two mbarriers a stage (16 bytes), reserved on every wgmma tile
+    assert (c16.kv_stages(64), c16.smem_bytes(64), c16.dynamic_smem_bytes(64)) == (6, 98304, 98304 + 96)
     # 64-key tiles at d = 128: 32 KiB a stage, 3 stages
-    assert (c.kv_stages(128), c.dynamic_smem_bytes(128)) == (3, 3 * 2 * 64 * 128 * 2) == (3, 98304)
+    assert (c.kv_stages(128), c.smem_bytes(128)) == (3, 3 * 2 * 64 * 128 * 2) == (3, 98304)
+    assert c.dynamic_smem_bytes(128) == 98304 + 3 * 16
     # capped at 6 stages: 32-key tiles at d = 64 are 8 KiB a stage, 12 would fit
     c32 = KernelConfig(8, 32, "wgmma")
-    assert (c32.kv_stages(64), c32.dynamic_smem_bytes(64)) == (6, 6 * 2 * 32 * 64 * 2)
+    assert (c32.kv_stages(64), c32.dynamic_smem_bytes(64)) == (6, 6 * 2 * 32 * 64 * 2 + 6 * 16)
     # one 128-key stage is 32 KiB at d = 64 (3 stages) and 64 KiB at d = 128 (one)
     big = KernelConfig(8, 128, "wgmma")
     assert (big.kv_stages(64), big.smem_bytes(64), big.fits(64)) == (3, 98304, True)
     assert (big.kv_stages(128), big.smem_bytes(128), big.fits(128)) == (1, 65536, True)
+    # four warpgroups run the mbarrier pipeline, which needs 2 stages: not 128 keys at d 128
+    assert not KernelConfig(16, 128, "wgmma").fits(128) and KernelConfig(16, 128, "wgmma").fits(64)
+    with pytest.raises(ValueError, match="^bkv: 128 keys at d=128 need 131072 bytes of dynamic"):
+        KernelConfig(16, 128, "wgmma").defines(128)
     assert all(w.fits(d) for d, w in WGMMA_BY_HEAD_DIM.items())
     assert WGMMA_CANDIDATES == (KernelConfig(16, 64, "wgmma"), KernelConfig(8, 64, "wgmma"))
     assert {d: w.name for d, w in WGMMA_BY_HEAD_DIM.items()} == {64: "wgmma_m16_b64", 128: "wgmma_m8_b64"}

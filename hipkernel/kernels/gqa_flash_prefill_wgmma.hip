@@ -68,6 +68,11 @@
 // KV_STAGES buffers of (K tile, V tile): tile t + KV_STAGES - 1 streams in while tile t is
 // computed (with one stage, tile t + 1 after it). A warpgroup's tile takes a few hundred
 // cycles, far less than a load's latency, so depth matters more here than on the mma path.
+// Two pipelines (below): with four warpgroups a block, stages on mbarriers, so that they
+// drift apart; with fewer, a block barrier a tile. On the H200 the mbarriers ran 16384@0
+// 4.4 % faster with four warpgroups (d 64) and 9-11 % slower with two (d 128).
+#define MBAR_PIPE (M_TILES >= 16)
+#if MBAR_PIPE
 #if KV_STAGES < 2
 #error "the mbarrier pipeline needs KV_STAGES >= 2"
 #endif
@@ -79,6 +84,9 @@
 #endif
 #if LOOKAHEAD < 1 || LOOKAHEAD >= KV_STAGES
 #error "LOOKAHEAD must be in [1, KV_STAGES)"
+#endif
+#else
+#define PENDING (KV_STAGES > 1 ? KV_STAGES - 2 : 0)  // cp.async groups after tile t's
 #endif
 #define NB_S (BKV / 8)        // 8-key blocks of the score tile
 #define KC_S (HEAD_DIM / 16)  // 16-dim steps of Q K^T (wgmma k)
@@ -189,44 +197,81 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
         }
     };
 
-    // The pipeline, on mbarriers instead of a block barrier per tile, so that the warpgroups
-    // of a block drift apart (one's softmax under another's wgmma). Stage s of KV_STAGES has
+    // The pipeline: start() before the first tile, acquire(t, st) when tile t must be in
+    // stage st for every warp, release(t, st) once this thread's warpgroup is done with it.
+#if MBAR_PIPE
+    // On mbarriers, no block barrier per tile. Stage s has
     //   full[s]   NTHREADS arrivals, one per thread once its copies into s have landed
     //             (cp.async.mbarrier.arrive.noinc): the tile is there for every warp;
-    //   empty[s]  NTHREADS arrivals, one per thread once its warpgroup is done with s.
-    // Every thread loads its share of tile t + LOOKAHEAD at iteration t, into the stage of
-    // tile t + LOOKAHEAD - KV_STAGES, which it first waits to be empty: so a warpgroup may run
+    //   empty[s]  NTHREADS arrivals, one per thread once its warpgroup is done with s;
+    // both follow the K/V stages in the dynamic buffer (16 bytes a stage). Every thread
+    // loads its share of tile t + LOOKAHEAD at iteration t, into the stage of tile
+    // t + LOOKAHEAD - KV_STAGES, which it first waits to be empty: so a warpgroup may run
     // up to KV_STAGES - 1 - LOOKAHEAD tiles ahead of the slowest before anyone blocks.
-    // (the barriers follow the K/V stages in the dynamic buffer: 16 bytes a stage)
     const unsigned int full0 = hk_smem_u32(kv_s) + KV_STAGES * 2u * TILE_BYTES;
     const unsigned int empty0 = full0 + 8u * KV_STAGES;
-    if (tid == 0) {
+    auto start = [&]() {
+        if (tid == 0) {
 #pragma unroll
-        for (int i = 0; i < KV_STAGES; ++i) {
-            hk_mbar_init(full0 + 8u * i, NTHREADS);
-            hk_mbar_init(empty0 + 8u * i, NTHREADS);
-        }
-    }
-    hk_sync();
-#pragma unroll
-    for (int i = 0; i < LOOKAHEAD; ++i) {
-        if (t0 + i < t_end) {
-            load_tile(t0 + i, i);
-            hk_mbar_arrive_cp_async(full0 + 8u * i);
-        }
-    }
-    for (int t = t0; t < t_end; ++t) {
-        const int jt = t - t0, st = jt % KV_STAGES;
-        {   // tile t + LOOKAHEAD, once its stage's previous tile is done with by every warp
-            const int jn = jt + LOOKAHEAD, sn = jn % KV_STAGES;
-            if (t + LOOKAHEAD < t_end) {
-                if (jn >= KV_STAGES) hk_mbar_wait(empty0 + 8u * sn, (jn / KV_STAGES - 1) & 1);
-                load_tile(t + LOOKAHEAD, sn);
-                hk_mbar_arrive_cp_async(full0 + 8u * sn);
+            for (int i = 0; i < KV_STAGES; ++i) {
+                hk_mbar_init(full0 + 8u * i, NTHREADS);
+                hk_mbar_init(empty0 + 8u * i, NTHREADS);
             }
+        }
+        hk_sync();
+#pragma unroll
+        for (int i = 0; i < LOOKAHEAD; ++i) {
+            if (t0 + i < t_end) {
+                load_tile(t0 + i, i);
+                hk_mbar_arrive_cp_async(full0 + 8u * i);
+            }
+        }
+    };
+    auto acquire = [&](int t, int st) {
+        const int jt = t - t0, jn = jt + LOOKAHEAD, sn = jn % KV_STAGES;
+        if (t + LOOKAHEAD < t_end) {  // tile t + LOOKAHEAD, once its stage is free
+            if (jn >= KV_STAGES) hk_mbar_wait(empty0 + 8u * sn, (jn / KV_STAGES - 1) & 1);
+            load_tile(t + LOOKAHEAD, sn);
+            hk_mbar_arrive_cp_async(full0 + 8u * sn);
         }
         hk_mbar_wait(full0 + 8u * st, (jt / KV_STAGES) & 1);  // tile t has landed
         hk_fence_proxy_async();  // the copies, visible to wgmma's operand reads
+    };
+    auto release = [&](int, int st) { hk_mbar_arrive(empty0 + 8u * st); };
+#else
+    // A block barrier a tile. One cp.async group per tile slot, committed even when empty
+    // (past t_end), so that at iteration t exactly PENDING = KV_STAGES - 2 groups follow
+    // tile t's (with one stage: tile t + 1 is loaded after tile t is consumed, PENDING = 0).
+    auto start = [&]() {
+#pragma unroll
+        for (int i = 0; i < (KV_STAGES > 1 ? KV_STAGES - 1 : 1); ++i) {
+            if (t0 + i < t_end) load_tile(t0 + i, i);
+            hk_cp_async_commit();
+        }
+    };
+    auto acquire = [&](int t, int st) {
+        hk_cp_async_wait<PENDING>();  // tile t has landed
+        hk_fence_proxy_async();  // this thread's copies, visible to wgmma's operand reads ...
+        hk_sync();               // ... and every thread's; every warp is done with tile t - 1
+        if (KV_STAGES > 1) {     // refill tile t - 1's buffer
+            const int t_next = t + KV_STAGES - 1;
+            if (t_next < t_end) load_tile(t_next, st == 0 ? KV_STAGES - 1 : st - 1);
+            hk_cp_async_commit();
+        }
+    };
+    auto release = [&](int t, int) {
+        if (KV_STAGES == 1) {
+            hk_sync();  // tile t is consumed: its buffer may be refilled
+            if (t + 1 < t_end) load_tile(t + 1, 0);
+            hk_cp_async_commit();
+        }
+    };
+#endif
+
+    start();
+    int st = 0;  // tile t's stage: (t - t0) % KV_STAGES
+    for (int t = t0; t < t_end; ++t) {
+        acquire(t, st);
 
         const int j0 = t * BKV;
 #if GROUP_SKIP
@@ -268,7 +313,8 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
             hk_wgmma_wait<0>();
             hk_wgmma_fence_acc(o);
         }
-        hk_mbar_arrive(empty0 + 8u * st);  // this warpgroup is done with tile t's stage
+        release(t, st);
+        st = st + 1 == KV_STAGES ? 0 : st + 1;
     }
 
     // Epilogue: the sink, then out = acc / l.
