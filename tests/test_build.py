@@ -246,8 +246,9 @@ def test_check_rows_table_and_summary(monkeypatch):
     assert not ok and "--require-all" in text
 
 
-def test_mma_variants_compile_for_sm80_plus_only(monkeypatch):
-    """Each variant compiles its own path's source; mma variants only for sm_80+ targets."""
+def _record_sources(monkeypatch) -> list:
+    """Fake the compiler (``_fake_compile``) and return the list it fills with the (target,
+    source) of each kernel compile, the toolchain probes left out."""
     seen = []
 
     def fake(tool, target, source, defines, kernel_name, workdir):
@@ -256,6 +257,12 @@ def test_mma_variants_compile_for_sm80_plus_only(monkeypatch):
         return _fake_compile(tool, target, source, defines, kernel_name, workdir)
 
     monkeypatch.setattr(build, "compile_with", fake)
+    return seen
+
+
+def test_mma_variants_compile_for_sm80_plus_only(monkeypatch):
+    """Each variant compiles its own path's source; mma variants only for sm_80+ targets."""
+    seen = _record_sources(monkeypatch)
     variants = [build.Variant(64, "m4_b64", {"HEAD_DIM": 64}),
                 build.Variant(64, "mma_m4_b64", {"HEAD_DIM": 64}, "mma")]
     rows = build.check(["sm_90", "sm_75", "gfx942"], {"scalar": "S", "mma": "M"}, variants, "k",
@@ -285,14 +292,7 @@ def test_wgmma_variants_compile_for_sm90a_only(monkeypatch):
     for target in ("sm_90a", "sm_90", "sm_80", "sm_100", "sm_100a", "compute_90", "gfx942", "gfx90a"):
         assert build._compiles_for(wg, target) == (target == "sm_90a"), target
     assert build._compiles_for(mma, "sm_90a") and build._compiles_for(scalar, "sm_90a")
-    seen = []
-
-    def fake(tool, target, source, defines, kernel_name, workdir):
-        if source != build.PROBE:
-            seen.append((target, source))
-        return _fake_compile(tool, target, source, defines, kernel_name, workdir)
-
-    monkeypatch.setattr(build, "compile_with", fake)
+    seen = _record_sources(monkeypatch)
     rows = build.check(["sm_90a", "sm_90", "sm_80", "gfx942"],
                        {"scalar": "S", "mma": "M", "wgmma": "W"}, [scalar, mma, wg], "k", jobs=0)
     assert [(r.target, r.config) for r in rows] == [
