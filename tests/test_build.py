@@ -413,10 +413,8 @@ def test_nvrtc_compile_error_carries_the_log():
     assert "NO_SUCH_NAME" in e.value.log and "NVRTC_ERROR_COMPILATION" in str(e.value)
 
 
-def test_real_wgmma_kernel_sm90a(tmp_path):
-    """The real check of the wgmma path for sm_90a at its tile of each head dim (wgmma_m16_b64
-    at d=64, wgmma_m8_b64 at d=128): compiles, no spill, and no static shared memory (its
-    K/V stages are the dynamic shared memory KernelConfig.dynamic_smem_bytes sizes)."""
+def _require_nvrtc_sm90a() -> None:
+    """Skip unless this machine's NVRTC works and can compile for sm_90a."""
     try:
         cuda_be.nvrtc_version()
     except Exception as e:  # noqa: BLE001
@@ -424,6 +422,13 @@ def test_real_wgmma_kernel_sm90a(tmp_path):
     archs = cuda_be.supported_archs()
     if archs and 90 not in archs:
         pytest.skip(f"this NVRTC cannot compile for sm_90a (supports {archs})")
+
+
+def test_real_wgmma_kernel_sm90a(tmp_path):
+    """The real check of the wgmma path for sm_90a at its tile of each head dim (wgmma_m16_b64
+    at d=64, wgmma_m8_b64 at d=128): compiles, no spill, and no static shared memory (its
+    K/V stages are the dynamic shared memory KernelConfig.dynamic_smem_bytes sizes)."""
+    _require_nvrtc_sm90a()
     from hipkernel import api
     from hipkernel.config import WGMMA_BY_HEAD_DIM
 
@@ -447,13 +452,7 @@ def test_every_wgmma_tile_compiles_with_dynamic_shared_memory_only():
     KV_STAGES its config gives) compiles for sm_90a with no static shared memory; the ones
     the tuner offers do not spill (four warpgroups at d = 128 do: 128 registers a thread
     cannot hold their accumulators, which is why d = 128 gets two)."""
-    try:
-        cuda_be.nvrtc_version()
-    except Exception as e:  # noqa: BLE001
-        pytest.skip(f"NVRTC not usable here: {e}")
-    archs = cuda_be.supported_archs()
-    if archs and 90 not in archs:
-        pytest.skip(f"this NVRTC cannot compile for sm_90a (supports {archs})")
+    _require_nvrtc_sm90a()
     from hipkernel import api
     from hipkernel.config import HEAD_DIMS, WGMMA_BY_HEAD_DIM, KernelConfig
 
