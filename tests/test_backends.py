@@ -67,10 +67,11 @@ class HostBackend(Backend):
         self.launches.append((function, grid, block, shared_mem, params_address))
         self.clock += 1.5  # each launch "takes" 1.5 ms
 
-    def _allow_dynamic_shared(self, function, nbytes):
-        if nbytes > self.shared_per_block:
-            raise ValueError(f"shared_mem: {nbytes} bytes, over {self.shared_per_block}")
-        self.opt_ins.append((function, nbytes))
+    def _allow_dynamic_shared(self, function, nbytes, static):
+        if nbytes + static > self.shared_per_block:
+            raise ValueError(f"shared_mem: {nbytes} bytes of dynamic shared memory, over the "
+                             f"{self.shared_per_block - static} left next to {static} static")
+        self.opt_ins.append((function, nbytes, static))
 
     def _alloc(self, nbytes):
         buf = ctypes.create_string_buffer(nbytes)
@@ -371,8 +372,8 @@ def test_launch_opts_a_kernel_in_to_dynamic_shared_memory_once(host):
     assert host.opt_ins == [] and [x[3] for x in host.launches] == [0, 1024, 48 * 1024 - 128]
     for nbytes in (48 * 1024, 96 * 1024, 96 * 1024, 64 * 1024, 128 * 1024):
         host.launch(kern, 1, 32, [], shared_mem=nbytes)
-    assert host.opt_ins == [(kern.function, 48 * 1024), (kern.function, 96 * 1024),
-                            (kern.function, 128 * 1024)]
+    assert host.opt_ins == [(kern.function, 48 * 1024, 128), (kern.function, 96 * 1024, 128),
+                            (kern.function, 128 * 1024, 128)]
     assert [x[3] for x in host.launches[3:]] == [48 * 1024, 96 * 1024, 96 * 1024, 64 * 1024,
                                                  128 * 1024]
     assert kern.shared_mem_allowed == 128 * 1024
@@ -384,6 +385,8 @@ def test_launch_opts_a_kernel_in_to_dynamic_shared_memory_once(host):
             host.launch(other, 1, 32, [], shared_mem=bad)
     with pytest.raises(ValueError, match="^shared_mem: 233472 bytes"):  # over the device
         host.launch(other, 1, 32, [], shared_mem=228 * 1024)
+    with pytest.raises(ValueError, match=r"^shared_mem: 232384 bytes .* over the 232320 left"):
+        host.launch(other, 1, 32, [], shared_mem=227 * 1024 - 64)  # fits alone, not with 128
     assert len(host.launches) == n and other.shared_mem_allowed == 48 * 1024 - 128
 
 

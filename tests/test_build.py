@@ -246,8 +246,9 @@ def test_check_rows_table_and_summary(monkeypatch):
     assert not ok and "--require-all" in text
 
 
-def test_mma_variants_compile_for_sm80_plus_only(monkeypatch):
-    """Each variant compiles its own path's source; mma variants only for sm_80+ targets."""
+def _record_sources(monkeypatch) -> list:
+    """Fake the compiler (``_fake_compile``) and return the list it fills with the (target,
+    source) of each kernel compile, the toolchain probes left out."""
     seen = []
 
     def fake(tool, target, source, defines, kernel_name, workdir):
@@ -256,6 +257,12 @@ def test_mma_variants_compile_for_sm80_plus_only(monkeypatch):
         return _fake_compile(tool, target, source, defines, kernel_name, workdir)
 
     monkeypatch.setattr(build, "compile_with", fake)
+    return seen
+
+
+def test_mma_variants_compile_for_sm80_plus_only(monkeypatch):
+    """Each variant compiles its own path's source; mma variants only for sm_80+ targets."""
+    seen = _record_sources(monkeypatch)
     variants = [build.Variant(64, "m4_b64", {"HEAD_DIM": 64}),
                 build.Variant(64, "mma_m4_b64", {"HEAD_DIM": 64}, "mma")]
     rows = build.check(["sm_90", "sm_75", "gfx942"], {"scalar": "S", "mma": "M"}, variants, "k",
@@ -285,14 +292,7 @@ def test_wgmma_variants_compile_for_sm90a_only(monkeypatch):
     for target in ("sm_90a", "sm_90", "sm_80", "sm_100", "sm_100a", "compute_90", "gfx942", "gfx90a"):
         assert build._compiles_for(wg, target) == (target == "sm_90a"), target
     assert build._compiles_for(mma, "sm_90a") and build._compiles_for(scalar, "sm_90a")
-    seen = []
-
-    def fake(tool, target, source, defines, kernel_name, workdir):
-        if source != build.PROBE:
-            seen.append((target, source))
-        return _fake_compile(tool, target, source, defines, kernel_name, workdir)
-
-    monkeypatch.setattr(build, "compile_with", fake)
+    seen = _record_sources(monkeypatch)
     rows = build.check(["sm_90a", "sm_90", "sm_80", "gfx942"],
                        {"scalar": "S", "mma": "M", "wgmma": "W"}, [scalar, mma, wg], "k", jobs=0)
     assert [(r.target, r.config) for r in rows] == [
@@ -413,10 +413,8 @@ def test_nvrtc_compile_error_carries_the_log():
     assert "NO_SUCH_NAME" in e.value.log and "NVRTC_ERROR_COMPILATION" in str(e.value)
 
 
-def test_real_wgmma_kernel_sm90a(tmp_path):
-    """The real check of the wgmma path for sm_90a at its tile of each head dim (wgmma_m16_b64
-    at d=64, wgmma_m8_b64 at d=128): compiles, no spill, and no static shared memory (its
-    K/V stages are the dynamic shared memory KernelConfig.dynamic_smem_bytes sizes)."""
+def _require_nvrtc_sm90a() -> None:
+    """Skip unless this machine's NVRTC works and can compile for sm_90a."""
     try:
         cuda_be.nvrtc_version()
     except Exception as e:  # noqa: BLE001
@@ -424,6 +422,13 @@ def test_real_wgmma_kernel_sm90a(tmp_path):
     archs = cuda_be.supported_archs()
     if archs and 90 not in archs:
         pytest.skip(f"this NVRTC cannot compile for sm_90a (supports {archs})")
+
+
+def test_real_wgmma_kernel_sm90a(tmp_path):
+    """The real check of the wgmma path for sm_90a at its tile of each head dim (wgmma_m16_b64
+    at d=64, wgmma_m8_b64 at d=128): compiles, no spill, and no static shared memory (its
+    K/V stages are the dynamic shared memory KernelConfig.dynamic_smem_bytes sizes)."""
+    _require_nvrtc_sm90a()
     from hipkernel import api
     from hipkernel.config import WGMMA_BY_HEAD_DIM
 
@@ -448,13 +453,7 @@ def test_every_wgmma_tile_compiles_with_dynamic_shared_memory_only():
     KV_STAGES its config gives) compiles for sm_90a with no static shared memory; the ones
     the tuner offers do not spill (four warpgroups at d = 128 do: 128 registers a thread
     cannot hold their accumulators, which is why d = 128 gets two)."""
-    try:
-        cuda_be.nvrtc_version()
-    except Exception as e:  # noqa: BLE001
-        pytest.skip(f"NVRTC not usable here: {e}")
-    archs = cuda_be.supported_archs()
-    if archs and 90 not in archs:
-        pytest.skip(f"this NVRTC cannot compile for sm_90a (supports {archs})")
+    _require_nvrtc_sm90a()
     from hipkernel import api
     from hipkernel.config import HEAD_DIMS, WGMMA_BY_HEAD_DIM, KernelConfig
 

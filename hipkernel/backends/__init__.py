@@ -354,10 +354,11 @@ class Backend:
     def _launch(self, function, grid, block, shared_mem: int, params_address: int) -> None:
         raise NotImplementedError
 
-    def _allow_dynamic_shared(self, function, nbytes: int) -> None:
-        """Let ``function`` launch with ``nbytes`` of dynamic shared memory, more than it may
-        take without an opt-in (``Kernel.shared_mem_allowed``); ValueError when a block of
-        the device cannot have that many."""
+    def _allow_dynamic_shared(self, function, nbytes: int, static: int) -> None:
+        """Let ``function`` (``static`` bytes of static shared memory) launch with ``nbytes``
+        of dynamic shared memory, more than it may take without an opt-in
+        (``Kernel.shared_mem_allowed``); ValueError when a block of the device cannot have
+        both."""
         raise NotImplementedError
 
     def _alloc(self, nbytes: int) -> int:
@@ -504,7 +505,7 @@ class Backend:
         shared_mem = int(shared_mem)
         params = args if isinstance(args, KernelArgs) else KernelArgs(args)
         if shared_mem > kernel.shared_mem_allowed:
-            self._allow_dynamic_shared(kernel.function, shared_mem)
+            self._allow_dynamic_shared(kernel.function, shared_mem, kernel.info.smem or 0)
             kernel.shared_mem_allowed = shared_mem
         self._launch(kernel.function, grid, block, shared_mem, params.address)
 

@@ -275,12 +275,13 @@ class CudaBackend(Backend):
         _call(driver.cuLaunchKernel, function, *grid, *block, shared_mem, self._stream,
               params_address, 0)
 
-    def _allow_dynamic_shared(self, function, nbytes):
+    def _allow_dynamic_shared(self, function, nbytes, static):
         attr = driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
         limit = _attribute(self._dev, attr)
-        if nbytes > limit:
+        if nbytes + static > limit:
             raise ValueError(f"shared_mem: {nbytes} bytes of dynamic shared memory, over the "
-                             f"{limit} a block of {self.device_name} may have")
+                             f"{limit - static} a block of {self.device_name} may have next to "
+                             f"its {static} static")
         self._bind()
         _call(driver.cuFuncSetAttribute, function,
               driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes)

@@ -401,11 +401,12 @@ class HipBackend(Backend):
         _call(hip.hipModuleLaunchKernel, function, *grid, *block, shared_mem, self._stream,
               params_address, None)
 
-    def _allow_dynamic_shared(self, function, nbytes):
-        # AMD has no opt-in: a workgroup may take dynamic LDS up to the device's limit
-        if nbytes > self.shared_per_block:
+    def _allow_dynamic_shared(self, function, nbytes, static):
+        # AMD has no opt-in: a workgroup may take LDS up to the device's limit
+        if nbytes + static > self.shared_per_block:
             raise ValueError(f"shared_mem: {nbytes} bytes of dynamic shared memory, over the "
-                             f"{self.shared_per_block} a block of {self.device_name} may have")
+                             f"{self.shared_per_block - static} a block of {self.device_name} "
+                             f"may have next to its {static} static")
 
     # ---- memory
     def _alloc(self, nbytes):
