@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hipkernel import model
+from hipkernel import api, model
 from hipkernel.config import (CANDIDATES, DEFAULT, HEAD_DIMS, MMA_CANDIDATES, MMA_WIDE_CANDIDATES,
                               WGMMA_BY_HEAD_DIM, WGMMA_CANDIDATES, WGMMA_MAX_STAGES,
                               WGMMA_SMEM_BUDGET, KernelConfig, candidates, compiled_variants,
@@ -387,8 +387,9 @@ def test_wgmma_config_geometry_and_shared_memory():
     with pytest.raises(ValueError, match="^bkv: 128 keys at d=128 need 131072 bytes of dynamic"):
         KernelConfig(16, 128, "wgmma").defines(128)
     assert all(w.fits(d) for d, w in WGMMA_BY_HEAD_DIM.items())
-    assert WGMMA_CANDIDATES == (KernelConfig(16, 64, "wgmma"), KernelConfig(8, 64, "wgmma"))
-    assert {d: w.name for d, w in WGMMA_BY_HEAD_DIM.items()} == {64: "wgmma_m16_b64", 128: "wgmma_m8_b64"}
+    assert WGMMA_CANDIDATES == (KernelConfig(16, 64, "wgmma"), KernelConfig(8, 64, "wgmma", ws=True))
+    assert {d: w.name for d, w in WGMMA_BY_HEAD_DIM.items()} == {64: "wgmma_m16_b64",
+                                                                 128: "wgmma_m8_b64_ws"}
     # the other paths: static shared memory, none passed at launch
     for other in (KernelConfig(4, 64), KernelConfig(4, 64, "mma"), KernelConfig(8, 64, "mma", 2)):
         assert other.dynamic_smem_bytes(64) == 0 and "KV_STAGES" not in other.defines(64)
@@ -404,6 +405,36 @@ def test_wgmma_shared_memory_over_the_budget_is_refused(monkeypatch):
     with pytest.raises(ValueError, match=r"^bkv: 128 keys at d=128 need 65536 bytes of "
                                          r"dynamic shared memory, over the 49152 byte limit"):
         big.defines(128)
+
+
+def test_ws_config_geometry_and_shared_memory():
+    """ws (a producer warpgroup): 128 more threads, the same rows a block, stages in its own
+    192 KiB budget (6 of 32 KiB at d = 128, 64-key tiles), on mbarriers (2 stages at least),
+    -DWS=1, and a name that says so. The arithmetic is the config without it: same model."""
+    c = KernelConfig(8, 64, "wgmma", ws=True)
+    plain = KernelConfig(8, 64, "wgmma")
+    assert (c.name, c.threads, c.block_rows) == ("wgmma_m8_b64_ws", 384, 128)
+    assert c.grid(1000, 64, 2) == plain.grid(1000, 64, 2) == (8, 64, 2)
+    assert (c.kv_stages(128), c.smem_bytes(128)) == (6, 6 * 2 * 64 * 128 * 2) == (6, 192 * 1024)
+    assert c.dynamic_smem_bytes(128) == 192 * 1024 + 6 * 16
+    assert c.defines(128) == {"HEAD_DIM": 128, "M_TILES": 8, "BKV": 64, "KV_STAGES": 6, "WS": 1}
+    assert "WS" not in plain.defines(128) and plain.kv_stages(128) == 3
+    # 128-key tiles at d = 128 are 64 KiB a stage: two fit in 192 KiB (plain: one in 96)
+    big = KernelConfig(8, 128, "wgmma", ws=True)
+    assert (big.kv_stages(128), big.fits(128)) == (3, True)
+    assert api.kernel_defines(128, c) == {**c.defines(128)}  # no mutants: the config's macros
+
+
+@pytest.mark.parametrize("kw", [
+    dict(m_tiles=8, bkv=64, path="mma", ws=True),     # the mma path has no producer
+    dict(m_tiles=4, bkv=64, ws=True),                 # the scalar path neither
+    dict(m_tiles=16, bkv=64, path="wgmma", ws=True),  # 640 threads: 112 registers a consumer
+    dict(m_tiles=4, bkv=64, path="wgmma", ws=True),   # not measured: not offered
+    dict(m_tiles=8, bkv=64, path="wgmma", ws=1),      # a bool, not a truthy int
+])
+def test_ws_config_validation(kw):
+    with pytest.raises(ValueError, match="^ws: "):
+        KernelConfig(**kw)
 
 
 def test_m_tiles_16_is_for_wgmma_only():
@@ -443,9 +474,10 @@ def test_has_wgmma_truth_table(arch, mma, wgmma):
 def test_wgmma_candidates_only_on_sm90():
     """On sm_90 each head dim's sweep ends with its wgmma tile; sm_80 and AMD get none."""
     assert candidates("sm_90", 64)[-1].name == "wgmma_m16_b64"
-    assert candidates("sm_90", 128)[-1].name == "wgmma_m8_b64"
+    assert candidates("sm_90", 128)[-1].name == "wgmma_m8_b64_ws"
     assert [c.name for c in candidates("sm_90a", 64) if c.path == "wgmma"] == ["wgmma_m16_b64"]
-    assert [c.name for c in candidates("sm_90") if c.path == "wgmma"] == ["wgmma_m16_b64", "wgmma_m8_b64"]
+    assert [c.name for c in candidates("sm_90") if c.path == "wgmma"] == ["wgmma_m16_b64",
+                                                                           "wgmma_m8_b64_ws"]
     for arch in ("sm_80", "sm_89", "sm_100", "gfx942", "gfx1151"):
         for d in (None, *HEAD_DIMS):
             assert not [c.name for c in candidates(arch, d) if c.path == "wgmma"], (arch, d)
@@ -458,7 +490,7 @@ def test_compiled_variants_hold_both_wgmma_tiles():
     tile at its own head dim, and nothing that overflows shared memory."""
     variants = compiled_variants()
     assert [(d, c.name) for d, c in variants if c.path == "wgmma"] == [
-        (64, "wgmma_m16_b64"), (128, "wgmma_m8_b64")]
+        (64, "wgmma_m16_b64"), (128, "wgmma_m8_b64_ws")]
     assert variants == [(d, c) for d in HEAD_DIMS for c in candidates("sm_90a", d)]
     assert all(c.fits(d) for d, c in variants)
     assert len(set(variants)) == len(variants)
