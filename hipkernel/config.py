@@ -61,8 +61,8 @@ WGMMA_MAX_STAGES = 6
 WGMMA_MBAR_M_TILES = 16
 WGMMA_MBAR_MIN_STAGES = 2
 # ws: a producer warpgroup loads the stages (on mbarriers too) and gives its registers to the
-# two consumer warpgroups (setmaxnreg: 224 a consumer thread). One block an SM, so the stages
-# may take most of the 227 KiB: at d = 128 with 64-key tiles, 6 stages are 192 KiB.
+# two consumer warpgroups (setmaxnreg: 216 a consumer thread). One block an SM, so the stages
+# may take most of the 227 KiB: at d = 128, 3 stages of 128-key tiles are 192 KiB.
 WGMMA_WS_M_TILES = (8,)
 WGMMA_WS_SMEM_BUDGET = 192 * 1024
 
@@ -226,20 +226,20 @@ MMA_WIDE_CANDIDATES = tuple(KernelConfig(m, b, "mma", 2) for m, b in ((8, 64), (
 WIDE_HEAD_DIMS = (64,)
 
 # wgmma: at d = 64 four warpgroups a block (256 rows) on 64-key tiles, 6 stages (96 KiB),
-# each thread loading its share; at d = 128 two warpgroups on 64-key tiles and a producer
-# warpgroup, 6 stages (192 KiB). On the H200, same process and inputs (kernel-only,
+# each thread loading its share; at d = 128 two warpgroups on 128-key tiles and a producer
+# warpgroup, 3 stages (192 KiB). On the H200, same process and inputs (kernel-only,
 # back-to-back launches), against the best mma config:
 #   d 64   512@8192  m16_b64 0.2354 ms, m8_b64 0.2787, 128-key m8 0.3268; mma 0.2467
 #          16384@0   m16_b64 7.049,     m8_b64 8.159,  128-key m8 9.370;  mma 7.593
 #   d 128  512@8192  m8_b64  0.2831,    m8_b32 0.3017;                    mma 0.3059
 #          16384@0   m8_b64  8.284,     m8_b32 8.981;                     mma 8.979
 # and later (mbarriers for m16, then ws): d 64 m16_b64 6.74 ms at 16384@0, against 8.05 for
-# m12 with a producer and 8.45 for m8_b128 with one; d 128 m8_b64_ws 7.249 ms against 8.327
-# for m8_b64 (0.2511 against 0.2818 at 512@8192).
+# m12 with a producer and 8.45 for m8_b128 with one; d 128 m8_b128_ws 6.31 ms, m8_b64_ws
+# 7.13 (6 stages), m8_b64 8.27 (0.2306, 0.2474 and 0.2829 ms at 512@8192).
 # One warpgroup a block (m4) ran 1.4-1.8x slower than two (twice the K/V traffic per row).
 # With 128 registers a thread (m16 at d = 64: 512 threads, one block an SM) 128-key tiles
 # spill; at m8 they take ~210 registers and one block an SM, slower than 64-key ones.
-WGMMA_BY_HEAD_DIM = {64: KernelConfig(16, 64, "wgmma"), 128: KernelConfig(8, 64, "wgmma", ws=True)}
+WGMMA_BY_HEAD_DIM = {64: KernelConfig(16, 64, "wgmma"), 128: KernelConfig(8, 128, "wgmma", ws=True)}
 WGMMA_CANDIDATES = tuple(WGMMA_BY_HEAD_DIM.values())
 
 DEFAULT = KernelConfig(4, 64)

@@ -426,7 +426,7 @@ def _require_nvrtc_sm90a() -> None:
 
 def test_real_wgmma_kernel_sm90a(tmp_path):
     """The real check of the wgmma path for sm_90a at its tile of each head dim (wgmma_m16_b64
-    at d=64, wgmma_m8_b64_ws at d=128): compiles, no spill, and no static shared memory (its
+    at d=64, wgmma_m8_b128_ws at d=128): compiles, no spill, and no static shared memory (its
     K/V stages are the dynamic shared memory KernelConfig.dynamic_smem_bytes sizes: 96 KiB
     of stages, 192 KiB with a producer warpgroup, and 16 bytes of mbarriers a stage)."""
     _require_nvrtc_sm90a()

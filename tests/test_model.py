@@ -387,9 +387,9 @@ def test_wgmma_config_geometry_and_shared_memory():
     with pytest.raises(ValueError, match="^bkv: 128 keys at d=128 need 131072 bytes of dynamic"):
         KernelConfig(16, 128, "wgmma").defines(128)
     assert all(w.fits(d) for d, w in WGMMA_BY_HEAD_DIM.items())
-    assert WGMMA_CANDIDATES == (KernelConfig(16, 64, "wgmma"), KernelConfig(8, 64, "wgmma", ws=True))
+    assert WGMMA_CANDIDATES == (KernelConfig(16, 64, "wgmma"), KernelConfig(8, 128, "wgmma", ws=True))
     assert {d: w.name for d, w in WGMMA_BY_HEAD_DIM.items()} == {64: "wgmma_m16_b64",
-                                                                 128: "wgmma_m8_b64_ws"}
+                                                                 128: "wgmma_m8_b128_ws"}
     # the other paths: static shared memory, none passed at launch
     for other in (KernelConfig(4, 64), KernelConfig(4, 64, "mma"), KernelConfig(8, 64, "mma", 2)):
         assert other.dynamic_smem_bytes(64) == 0 and "KV_STAGES" not in other.defines(64)
@@ -409,7 +409,7 @@ def test_wgmma_shared_memory_over_the_budget_is_refused(monkeypatch):
 
 def test_ws_config_geometry_and_shared_memory():
     """ws (a producer warpgroup): 128 more threads, the same rows a block, stages in its own
-    192 KiB budget (6 of 32 KiB at d = 128, 64-key tiles), on mbarriers (2 stages at least),
+    192 KiB budget (6 of 32 KiB at d = 128 with 64-key tiles), on mbarriers (2 at least),
     -DWS=1, and a name that says so. The arithmetic is the config without it: same model."""
     c = KernelConfig(8, 64, "wgmma", ws=True)
     plain = KernelConfig(8, 64, "wgmma")
@@ -419,9 +419,11 @@ def test_ws_config_geometry_and_shared_memory():
     assert c.dynamic_smem_bytes(128) == 192 * 1024 + 6 * 16
     assert c.defines(128) == {"HEAD_DIM": 128, "M_TILES": 8, "BKV": 64, "KV_STAGES": 6, "WS": 1}
     assert "WS" not in plain.defines(128) and plain.kv_stages(128) == 3
-    # 128-key tiles at d = 128 are 64 KiB a stage: two fit in 192 KiB (plain: one in 96)
+    # 128-key tiles at d = 128 (the tuner's ws tile) are 64 KiB a stage: three fit in 192 KiB
+    # (plain: one in 96)
     big = KernelConfig(8, 128, "wgmma", ws=True)
-    assert (big.kv_stages(128), big.fits(128)) == (3, True)
+    assert (big.kv_stages(128), big.fits(128), big.name) == (3, True, "wgmma_m8_b128_ws")
+    assert big.dynamic_smem_bytes(128) == 3 * 64 * 1024 + 3 * 16 == 196656
     assert api.kernel_defines(128, c) == {**c.defines(128)}  # no mutants: the config's macros
 
 
@@ -474,10 +476,10 @@ def test_has_wgmma_truth_table(arch, mma, wgmma):
 def test_wgmma_candidates_only_on_sm90():
     """On sm_90 each head dim's sweep ends with its wgmma tile; sm_80 and AMD get none."""
     assert candidates("sm_90", 64)[-1].name == "wgmma_m16_b64"
-    assert candidates("sm_90", 128)[-1].name == "wgmma_m8_b64_ws"
+    assert candidates("sm_90", 128)[-1].name == "wgmma_m8_b128_ws"
     assert [c.name for c in candidates("sm_90a", 64) if c.path == "wgmma"] == ["wgmma_m16_b64"]
     assert [c.name for c in candidates("sm_90") if c.path == "wgmma"] == ["wgmma_m16_b64",
-                                                                           "wgmma_m8_b64_ws"]
+                                                                           "wgmma_m8_b128_ws"]
     for arch in ("sm_80", "sm_89", "sm_100", "gfx942", "gfx1151"):
         for d in (None, *HEAD_DIMS):
             assert not [c.name for c in candidates(arch, d) if c.path == "wgmma"], (arch, d)
@@ -490,7 +492,7 @@ def test_compiled_variants_hold_both_wgmma_tiles():
     tile at its own head dim, and nothing that overflows shared memory."""
     variants = compiled_variants()
     assert [(d, c.name) for d, c in variants if c.path == "wgmma"] == [
-        (64, "wgmma_m16_b64"), (128, "wgmma_m8_b64_ws")]
+        (64, "wgmma_m16_b64"), (128, "wgmma_m8_b128_ws")]
     assert variants == [(d, c) for d in HEAD_DIMS for c in candidates("sm_90a", d)]
     assert all(c.fits(d) for d, c in variants)
     assert len(set(variants)) == len(variants)

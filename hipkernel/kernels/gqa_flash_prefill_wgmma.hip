@@ -68,15 +68,19 @@
 // the M_TILES / 4 that own rows (the consumers) only compute. The producer gives its
 // registers up to them (setmaxnreg): a thread starts with REG_CAP, which ptxas gives a
 // kernel with setmaxnreg (the most its launch bounds allow); the producer keeps
-// PRODUCER_REGS (48: with 40 its copy loop spills at d 128), the consumers share the rest
-// in steps of 8.
+// PRODUCER_REGS, the consumers share the rest in steps of 8 (216 each with two). 72 is
+// what the unrolled copy loop of a 128-key tile at d 128 (32 cp.async a thread a tile)
+// needs without spilling; on the H200 that tile ran 16384@0 in 6.31 ms with 72, 6.24 with
+// 48 (64 bytes spilled) and 6.40-6.44 with the loop unrolled 4 times and 24-48.
 #ifndef WS
 #define WS 0
 #endif
 #if WS
 #define NTHREADS (NCONSUMERS + 128)
 #define LOADERS 128
-#define PRODUCER_REGS 48
+#ifndef PRODUCER_REGS
+#define PRODUCER_REGS 72
+#endif
 #define REG_CAP ((65536 / NTHREADS) & ~7)
 #define CONSUMER_REGS_FIT (((REG_CAP * NTHREADS - 128 * PRODUCER_REGS) / NCONSUMERS) & ~7)
 #define CONSUMER_REGS (CONSUMER_REGS_FIT > 256 ? 256 : CONSUMER_REGS_FIT)
@@ -94,7 +98,8 @@
 // fills; without, every thread loads its share, with four warpgroups a block on mbarriers
 // (so that they drift apart), with fewer at a block barrier a tile. On the H200 the
 // mbarriers ran 16384@0 4.4 % faster with four warpgroups (d 64) and 9-11 % slower with two
-// (d 128), where the producer (6 stages) ran it 13 % faster (docs/performance.md).
+// (d 128), where the producer ran it 14 % faster on 64-key tiles and 24 % on 128-key tiles
+// (docs/performance.md).
 #define MBAR_PIPE (WS || M_TILES >= 16)
 #if MBAR_PIPE && KV_STAGES < 2
 #error "the mbarrier pipelines need KV_STAGES >= 2"
