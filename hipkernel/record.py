@@ -8,7 +8,14 @@ differs from the current kernel source (stale) or when a record says it failed.
 
 Record kinds (field ``kind``): ``matrix`` (case matrix: per-case outcome, relL2, max-abs,
 time, autotune choices), ``mutants`` (GPU kill matrix), ``measure`` (timings the issues ask
-to record), ``bench`` (peer benchmark), ``reliability`` (determinism, sanitizer, fuzzing).
+to record), ``bench`` (peer benchmark), ``reliability`` (determinism, sanitizer, fuzzing),
+``mma_check`` (kill matrices with each tensor-core config forced, and their kernel-only
+times), ``scaling`` (the GPU tests on one GPU and on two).
+
+``python -m hipkernel.record --collect RECORDS RELIABILITY SCALING`` turns the outputs of
+the three H200 commands (``scripts/h200x2_records.sh``, ``scripts/h200x2_reliability.sh``,
+``python -m hipkernel.scaling``) into ``reports/gpu/``: it checks that every one is a run of
+the kernel source as it is here and passed, and writes nothing otherwise.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -57,15 +65,23 @@ def check_record(rec: dict, current_hash: str | None = None) -> list[str]:
 def _failure_detail(rec: dict) -> str:
     bad = [r.get("case", "?") + ":" + str(r.get("outcome")) for r in rec.get("results", [])
            if r.get("outcome") not in ("pass", "declined")]
-    survivors = [m["name"] for m in rec.get("mutants", [])
-                 if not m.get("killed") and not m.get("equivalent")]
     parts = []
     if bad:
         parts.append("cases " + ", ".join(bad[:10]))
-    if survivors:
-        parts.append("surviving mutants " + ", ".join(survivors))
-    if rec.get("clean_ok") is False:
-        parts.append("the clean kernel failed")
+    mutants = rec.get("mutants", [])
+    # a kill matrix (list of mutants), or mma_check's one a config (config name -> kill matrix)
+    matrices = mutants.items() if isinstance(mutants, dict) else [("", rec)]
+    for cfg, km in matrices:
+        where = f" ({cfg})" if cfg else ""
+        if not isinstance(km, dict):
+            parts.append(f"no kill matrix{where}: {km!r}")
+            continue
+        survivors = [m.get("name", "?") for m in km.get("mutants", [])
+                     if isinstance(m, dict) and not m.get("killed") and not m.get("equivalent")]
+        if survivors:
+            parts.append(f"surviving mutants{where} " + ", ".join(survivors))
+        if km.get("clean_ok") is False:
+            parts.append(f"the clean kernel failed{where}")
     return "; ".join(parts) or "ok is false"
 
 
@@ -87,12 +103,101 @@ def check_dir(path: Path, require: tuple[str, ...] = ("h200.json",)) -> list[str
     return problems
 
 
+# Where each record of reports/gpu/ comes from. Both H200 scripts run the matrix, measure and
+# bench sections; the reliability run's (the later, behind the sanitizers) are kept.
+FROM_RECORDS = ("mutants-h200.json",)
+FROM_RELIABILITY = ("h200.json", "measure-h200.json", "bench-h200.json", "reliability-h200.json")
+SCALING_RECORD = "scaling-h200x2.json"
+MMA_CHECK_RECORD = "mma-check-h200.json"
+MMA_CHECK_COMMAND = ("OUT=dir bash scripts/h200x2_records.sh (GPU 1: python3 scripts/mma_check.py "
+                     "--sections mutants,sweep)")
+
+
+def _load(path: Path, what: str) -> dict:
+    if not path.is_file():
+        raise ValueError(f"{what}: {path} is missing")
+    try:
+        rec = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{what}: {path} is unreadable: {e}") from None
+    if not isinstance(rec, dict):
+        raise ValueError(f"{what}: {path} is not a JSON object")
+    return rec
+
+
+def _mma_check_record(raw: dict, matrix: dict, path: Path) -> dict:
+    """scripts/mma_check.py's output as a record: stamped with the hash the run wrote, ok when
+    every kill matrix in it passed."""
+    raw = dict(raw)
+    run_hash = raw.pop("kernel_source_hash", None)
+    if run_hash is None:
+        raise ValueError(f"records: {path} carries no kernel_source_hash (scripts/mma_check.py "
+                         f"writes it; re-run it)")
+    mutants = raw.get("mutants")
+    if not isinstance(mutants, dict) or not mutants:
+        raise ValueError(f"records: {path} holds no kill matrix (its mutants section is "
+                         f"{mutants!r})")
+    ok = all(isinstance(km, dict) and km.get("ok") is True for km in mutants.values())
+    body = {"command": MMA_CHECK_COMMAND,
+            "note": "stamped by python -m hipkernel.record --collect from the device run's "
+                    "mma_check.json, whose kernel source hash it checked",
+            "run_of": matrix.get("date"), **raw}
+    rec = stamp("mma_check", matrix.get("device", "?"), body, ok)
+    rec["kernel_source_hash"] = run_hash
+    return rec
+
+
+def collect(records: Path, reliability: Path, scaling: Path, out: Path) -> list[str]:
+    """Write the GPU records into ``out`` from the output folders of
+    ``scripts/h200x2_records.sh`` (``records``) and ``scripts/h200x2_reliability.sh``
+    (``reliability``) and the JSON of ``python -m hipkernel.scaling`` (``scaling``). Files
+    are copied byte for byte; mma_check.json becomes MMA_CHECK_RECORD. Raises ValueError,
+    writing nothing, when one is missing, unreadable, of another kernel source, or failed.
+    Returns the names written."""
+    records, reliability, scaling, out = Path(records), Path(reliability), Path(scaling), Path(out)
+    sources = {name: records / name for name in FROM_RECORDS}
+    sources.update({name: reliability / name for name in FROM_RELIABILITY})
+    sources[SCALING_RECORD] = scaling
+    what = {name: ("records" if name in FROM_RECORDS else "scaling" if name == SCALING_RECORD
+                   else "reliability") for name in sources}
+    staged = {name: _load(path, what[name]) for name, path in sources.items()}
+    matrix_run = _load(records / "h200.json", "records")  # the run mma_check.json belongs to
+    staged[MMA_CHECK_RECORD] = _mma_check_record(
+        _load(records / "mma_check.json", "records"), matrix_run, records / "mma_check.json")
+    current = source_hash()
+    problems = [f"{name}: {p}" for name, rec in staged.items() for p in check_record(rec, current)]
+    problems += [f"records/h200.json: {p}" for p in check_record(matrix_run, current)]
+    if problems:
+        raise ValueError("nothing written:\n  " + "\n  ".join(problems))
+    out.mkdir(parents=True, exist_ok=True)
+    for name, path in sources.items():
+        shutil.copyfile(path, out / name)
+    (out / MMA_CHECK_RECORD).write_text(json.dumps(staged[MMA_CHECK_RECORD], indent=1) + "\n")
+    return sorted(staged)
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hipkernel.record",
-                                 description="Check committed GPU records against the current kernel source.")
+    ap = argparse.ArgumentParser(
+        prog="python -m hipkernel.record",
+        description="Check committed GPU records against the current kernel source, or collect "
+                    "them from the H200 runs' outputs.",
+        epilog="examples:\n  python -m hipkernel.record --check reports/gpu\n"
+               "  python -m hipkernel.record --collect d/rec d/rel d/scaling.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", type=Path, default=Path("reports/gpu"), metavar="DIR",
                     help="directory of GPU records (default: reports/gpu)")
+    ap.add_argument("--collect", nargs=3, type=Path, metavar=("RECORDS", "RELIABILITY", "SCALING"),
+                    help="write the records into the --check directory from the output folders "
+                         "of scripts/h200x2_records.sh and scripts/h200x2_reliability.sh and the "
+                         "JSON of python -m hipkernel.scaling, then check them")
     args = ap.parse_args(argv)
+    if args.collect:
+        try:
+            written = collect(*args.collect, out=args.check)
+        except ValueError as e:
+            print(f"GPU records: not collected: {e}", file=sys.stderr)
+            return 1
+        print(f"GPU records: wrote {', '.join(written)} into {args.check}")
     problems = check_dir(args.check)
     if problems:
         print("GPU records: FAIL", file=sys.stderr)

@@ -7,6 +7,8 @@
 #          forced, 16 and 32 rows a warp; kernel-only times of every mma config) -> mma_check.json
 # Every module both need is compiled first, in parallel, into one disk cache.
 #   OUT=dir bash scripts/h200x2_records.sh        (each part under its own time limit)
+# Into reports/gpu/, with this script's, h200x2_reliability.sh's and hipkernel.scaling's outputs:
+#   python -m hipkernel.record --collect REC_DIR REL_DIR SCALING_JSON
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1 HIPKERNEL_CACHE_DIR=${HIPKERNEL_CACHE_DIR:-/tmp/hkcache}
 : "${OUT:?set OUT to the output directory}"

@@ -300,7 +300,7 @@ def main(argv=None) -> int:
         prewarm(args.sections.split(","))
     if args.prewarm_only:
         return 0
-    doc = {}
+    doc = {"kernel_source_hash": api.source_hash()}  # what python -m hipkernel.record --collect checks
     for name in args.sections.split(","):
         t0 = time.perf_counter()
         print(f"== {name}", flush=True)

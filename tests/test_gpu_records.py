@@ -7,6 +7,8 @@ import copy
 import json
 from pathlib import Path
 
+import pytest
+
 from hipkernel import record
 
 GPU_DIR = Path(__file__).resolve().parent.parent / "reports" / "gpu"
@@ -35,3 +37,82 @@ def test_checker_flags_stale_and_failing_records():
     failing["results"][0]["outcome"] = "fail"
     assert any("failed" in p and failing["results"][0]["case"] in p for p in record.check_record(failing))
     assert record.check_record({"kind": "matrix"})  # missing fields
+
+
+def _device_outputs(tmp_path: Path, *, hash_=None, mutants_ok=True) -> tuple[Path, Path, Path]:
+    """What the three H200 commands leave behind, in miniature: stamped records of the
+    current kernel source (or ``hash_``), scripts/mma_check.py's unstamped JSON, the scaling
+    record."""
+    h = hash_ or record.source_hash()
+    rec_dir, rel_dir = tmp_path / "rec", tmp_path / "rel"
+    rec_dir.mkdir(parents=True)
+    rel_dir.mkdir()
+
+    def put(path: Path, kind: str, **body):
+        r = record.stamp(kind, "NVIDIA H200", body, True)
+        r["kernel_source_hash"] = h
+        path.write_text(json.dumps(r, indent=2) + "\n")
+
+    for d in (rec_dir, rel_dir):  # both runs write the matrix, measure and bench records
+        put(d / "h200.json", "matrix", results=[], run=d.name)
+        put(d / "measure-h200.json", "measure", run=d.name)
+        put(d / "bench-h200.json", "bench", run=d.name)
+    put(rec_dir / "mutants-h200.json", "mutants", mutants=[])
+    put(rel_dir / "reliability-h200.json", "reliability")
+    put(tmp_path / "scaling.json", "scaling")
+    (rec_dir / "mma_check.json").write_text(json.dumps({
+        "kernel_source_hash": h, "sweep": [],
+        "mutants": {"wgmma_m16_b64": {"ok": True}, "mma_m4_b64": {"ok": mutants_ok}}}))
+    return rec_dir, rel_dir, tmp_path / "scaling.json"
+
+
+def test_collect_writes_the_records_of_the_runs(tmp_path):
+    """--collect copies the reliability run's matrix, measure and bench records (the later
+    run), the records run's kill matrix, the scaling record, and stamps mma_check.json as
+    mma-check-h200.json; the result passes the CI check."""
+    rec_dir, rel_dir, scaling = _device_outputs(tmp_path)
+    out = tmp_path / "gpu"
+    written = record.collect(rec_dir, rel_dir, scaling, out)
+    assert written == sorted(["h200.json", "measure-h200.json", "bench-h200.json",
+                              "reliability-h200.json", "mutants-h200.json",
+                              "scaling-h200x2.json", "mma-check-h200.json"])
+    assert record.check_dir(out, require=tuple(written)) == []
+    for name in ("h200.json", "measure-h200.json", "bench-h200.json", "reliability-h200.json"):
+        assert (out / name).read_bytes() == (rel_dir / name).read_bytes(), name
+    assert (out / "mutants-h200.json").read_bytes() == (rec_dir / "mutants-h200.json").read_bytes()
+    assert (out / "scaling-h200x2.json").read_bytes() == scaling.read_bytes()
+    mc = json.loads((out / "mma-check-h200.json").read_text())
+    assert (mc["kind"], mc["ok"], mc["kernel_source_hash"]) == ("mma_check", True, record.source_hash())
+    assert mc["run_of"] == json.loads((rec_dir / "h200.json").read_text())["date"]
+    assert set(mc["mutants"]) == {"wgmma_m16_b64", "mma_m4_b64"} and mc["sweep"] == []
+    # and through the command line, into an existing records folder
+    assert record.main(["--check", str(tmp_path / "cli"), "--collect", str(rec_dir), str(rel_dir),
+                        str(scaling)]) == 0
+    assert sorted(p.name for p in (tmp_path / "cli").glob("*.json")) == written
+
+
+def test_collect_refuses_stale_failing_or_missing_outputs_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "gpu"
+    out.mkdir()
+    (out / "h200.json").write_text("the committed record\n")
+    # a run of another kernel source: every file it wrote is named stale
+    rec_dir, rel_dir, scaling = _device_outputs(tmp_path / "stale", hash_="0" * 64)
+    with pytest.raises(ValueError, match=r"^nothing written:(.|\n)*bench-h200\.json: stale"):
+        record.collect(rec_dir, rel_dir, scaling, out)
+    # a kill matrix with a survivor: mma-check is a failed record
+    rec_dir, rel_dir, scaling = _device_outputs(tmp_path / "failing", mutants_ok=False)
+    with pytest.raises(ValueError, match=r"mma-check-h200\.json: the recorded run failed"):
+        record.collect(rec_dir, rel_dir, scaling, out)
+    # the scaling record not there; an mma_check.json from before it carried the hash
+    rec_dir, rel_dir, scaling = _device_outputs(tmp_path / "partial")
+    with pytest.raises(ValueError, match=r"^scaling: .*missing"):
+        record.collect(rec_dir, rel_dir, scaling.with_name("none.json"), out)
+    raw = json.loads((rec_dir / "mma_check.json").read_text())
+    del raw["kernel_source_hash"]
+    (rec_dir / "mma_check.json").write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match=r"^records: .*mma_check\.json carries no kernel_source_hash"):
+        record.collect(rec_dir, rel_dir, scaling, out)
+    assert record.main(["--check", str(out), "--collect", str(rec_dir), str(rel_dir), str(scaling)]) == 1
+    assert "not collected: records:" in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == ["h200.json"]
+    assert (out / "h200.json").read_text() == "the committed record\n"
