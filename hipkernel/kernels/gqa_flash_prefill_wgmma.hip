@@ -97,7 +97,7 @@
 // Three pipelines (below): with a producer warpgroup (WS), stages on mbarriers that it
 // fills; without, every thread loads its share, with four warpgroups a block on mbarriers
 // (so that they drift apart), with fewer at a block barrier a tile. On the H200 the
-// mbarriers ran 16384@0 8 % faster with four warpgroups (d 64: 6.54 against 7.07 ms) and
+// mbarriers ran 16384@0 7.5 % faster with four warpgroups (d 64: 6.54 against 7.07 ms) and
 // 9-11 % slower with two (d 128), where the producer ran it 14 % faster on 64-key tiles and
 // 24 % on 128-key tiles (docs/performance.md).
 #define MBAR_PIPE (WS || M_TILES >= 16)
