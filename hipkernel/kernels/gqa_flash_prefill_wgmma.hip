@@ -268,7 +268,7 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
 #endif
     const unsigned int k_s0 = hk_smem_u32(k_s), v_s0 = hk_smem_u32(v_s);
 #if !WS
-    auto load_tile_ = [&](int t, int st) { load_tile(kg, vg, k_s0, v_s0, t, st, tid, kv_start, skv, S_cap); };
+    auto load_share = [&](int t, int st) { load_tile(kg, vg, k_s0, v_s0, t, st, tid, kv_start, skv, S_cap); };
 #endif
 
     // The pipeline: start() before the first tile, acquire(t, st) when tile t must be in
@@ -305,7 +305,7 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
 #pragma unroll
         for (int i = 0; i < LOOKAHEAD; ++i) {
             if (t0 + i < t_end) {
-                load_tile_(t0 + i, i);
+                load_share(t0 + i, i);
                 hk_mbar_arrive_cp_async(full0 + 8u * i);
             }
         }
@@ -314,7 +314,7 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
         const int jt = t - t0, jn = jt + LOOKAHEAD, sn = jn % KV_STAGES;
         if (t + LOOKAHEAD < t_end) {  // tile t + LOOKAHEAD, once its stage is free
             if (jn >= KV_STAGES) hk_mbar_wait(empty0 + 8u * sn, (jn / KV_STAGES - 1) & 1);
-            load_tile_(t + LOOKAHEAD, sn);
+            load_share(t + LOOKAHEAD, sn);
             hk_mbar_arrive_cp_async(full0 + 8u * sn);
         }
         hk_mbar_wait(full0 + 8u * st, (jt / KV_STAGES) & 1);  // tile t has landed
@@ -328,7 +328,7 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     auto start = [&]() {
 #pragma unroll
         for (int i = 0; i < (KV_STAGES > 1 ? KV_STAGES - 1 : 1); ++i) {
-            if (t0 + i < t_end) load_tile_(t0 + i, i);
+            if (t0 + i < t_end) load_share(t0 + i, i);
             hk_cp_async_commit();
         }
     };
@@ -338,14 +338,14 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
         hk_sync();               // ... and every thread's; every warp is done with tile t - 1
         if (KV_STAGES > 1) {     // refill tile t - 1's buffer
             const int t_next = t + KV_STAGES - 1;
-            if (t_next < t_end) load_tile_(t_next, st == 0 ? KV_STAGES - 1 : st - 1);
+            if (t_next < t_end) load_share(t_next, st == 0 ? KV_STAGES - 1 : st - 1);
             hk_cp_async_commit();
         }
     };
     auto release = [&](int t, int) {
         if (KV_STAGES == 1) {
             hk_sync();  // tile t is consumed: its buffer may be refilled
-            if (t + 1 < t_end) load_tile_(t + 1, 0);
+            if (t + 1 < t_end) load_share(t + 1, 0);
             hk_cp_async_commit();
         }
     };
