@@ -84,6 +84,9 @@
 #define REG_CAP ((65536 / NTHREADS) & ~7)
 #define CONSUMER_REGS_FIT (((REG_CAP * NTHREADS - 128 * PRODUCER_REGS) / NCONSUMERS) & ~7)
 #define CONSUMER_REGS (CONSUMER_REGS_FIT > 256 ? 256 : CONSUMER_REGS_FIT)
+#if CONSUMER_REGS <= REG_CAP
+#error "WS: the consumers would gain no registers from the producer (M_TILES 8 or 12 only)"
+#endif
 #else
 #define NTHREADS NCONSUMERS
 #define LOADERS NTHREADS           // every thread loads its share of each tile
