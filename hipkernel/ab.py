@@ -8,7 +8,9 @@ process, with their outputs compared bit for bit and against the reference.
 A variant is ``[LABEL=]REV@CONFIG[+MACRO=VALUE...]``:
 
     REV     a git revision, whose ``hipkernel/kernels/`` is read with ``git show`` (the
-            committed files, not the working tree), or ``.`` for the working tree
+            committed files, not the working tree); ``.`` for the working tree; or a
+            directory holding a copy of a tree's ``hipkernel/kernels/`` (for a machine
+            without the history: ``mkdir d && git archive REV hipkernel/kernels | tar -x -C d``)
     CONFIG  a config name (``wgmma_m16_b64``, ``mma_m8_b64_w2``, ``m4_b64``, ...): the kernel
             path, the launch geometry and the ``-D`` macros (``hipkernel.config``) of the
             current tree
@@ -97,11 +99,14 @@ def parse_variant(spec: str) -> Variant:
 
 def source_at(rev: str, path: str, repo: Path = ROOT) -> str:
     """The kernel of ``path`` as one translation unit, from git revision ``rev`` of ``repo``
-    (``WORKTREE``: the files as they are). ValueError naming the revision when git cannot
-    show it."""
+    (``WORKTREE``: the files as they are; a directory: its ``hipkernel/kernels/``).
+    ValueError naming the revision when git cannot show it."""
     if rev == WORKTREE:
         return api.kernel_source(path)
     kernel_dir = api.KERNEL_DIR.relative_to(ROOT).as_posix()
+    copy = Path(rev) / kernel_dir
+    if copy.is_dir():
+        return api.inline_includes(lambda name: (copy / name).read_text(), api.KERNEL_FILES[path].name)
 
     def read(name: str) -> str:
         res = subprocess.run(["git", "-C", str(repo), "show", f"{rev}:{kernel_dir}/{name}"],

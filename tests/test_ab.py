@@ -50,6 +50,20 @@ def test_source_at_the_worktree_and_a_revision():
         ab.source_at("no-such-rev", "mma")
 
 
+def test_source_from_a_copy_of_the_kernel_files(tmp_path):
+    """A directory as REV: its hipkernel/kernels/ (what git archive would unpack), headers
+    inlined from the same copy."""
+    kernels = tmp_path / "hipkernel" / "kernels"
+    kernels.mkdir(parents=True)
+    for f in api.KERNEL_DIR.iterdir():
+        if f.suffix in (".hip", ".h"):
+            (kernels / f.name).write_text(f.read_text())
+    assert ab.source_at(str(tmp_path), "wgmma") == api.kernel_source("wgmma")
+    (kernels / "wgmma.h").write_text("// another wgmma.h\n")
+    assert "// another wgmma.h" in ab.source_at(str(tmp_path), "wgmma")
+    assert ab.parse_variant(f"old={tmp_path}@mma_m4_b64").rev == str(tmp_path)
+
+
 def test_run_times_every_variant_on_the_same_inputs_and_compares_them():
     be = ModelBackend(arch="sm_90")
     variants = [ab.parse_variant(s) for s in (".@mma_m4_b64", "mb=.@mma_m4_b64+MIN_BLOCKS=2",
