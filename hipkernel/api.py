@@ -45,6 +45,28 @@ _SINK_MODES = {"none": 0, "per_head": 1, "smooth": 2}
 
 # --------------------------------------------------------------------------- source
 
+def inline_includes(read, name: str) -> str:
+    """The kernel file ``name`` with every ``#include "x.h"`` of a file beside it inlined once
+    (between ``// ---- begin x.h ----`` and ``// ---- end x.h ----``); ``read(name)`` gives a
+    file's text (the working tree's, or a git revision's in ``hipkernel.ab``)."""
+    def inline(fname: str, seen: set) -> str:
+        out = []
+        for line in read(fname).splitlines():
+            m = re.match(r'\s*#\s*include\s+"([^"]+)"', line)
+            if m:
+                dep = m.group(1)
+                if dep not in seen:
+                    seen.add(dep)
+                    out.append(f"// ---- begin {dep} ----")
+                    out.append(inline(dep, seen))
+                    out.append(f"// ---- end {dep} ----")
+                continue
+            out.append(line)
+        return "\n".join(out)
+
+    return inline(name, {name}) + "\n"
+
+
 @lru_cache(maxsize=None)
 def kernel_source(path: str = "scalar") -> str:
     """The kernel of ``path`` ("scalar", "mma" or "wgmma", see ``hipkernel.config``) as one translation
@@ -52,24 +74,7 @@ def kernel_source(path: str = "scalar") -> str:
     clang) sees the same text and needs no include path."""
     if path not in KERNEL_FILES:
         raise ValueError(f"path: expected one of {tuple(KERNEL_FILES)}, got {path!r}")
-    kernel_file = KERNEL_FILES[path]
-
-    def inline(path: Path, seen: set) -> str:
-        out = []
-        for line in path.read_text().splitlines():
-            m = re.match(r'\s*#\s*include\s+"([^"]+)"', line)
-            if m:
-                dep = (path.parent / m.group(1)).resolve()
-                if dep not in seen:
-                    seen.add(dep)
-                    out.append(f"// ---- begin {m.group(1)} ----")
-                    out.append(inline(dep, seen))
-                    out.append(f"// ---- end {m.group(1)} ----")
-                continue
-            out.append(line)
-        return "\n".join(out)
-
-    return inline(kernel_file, {kernel_file.resolve()}) + "\n"
+    return inline_includes(lambda name: (KERNEL_DIR / name).read_text(), KERNEL_FILES[path].name)
 
 
 def source_hash() -> str:

@@ -39,6 +39,18 @@ def flops(B: int, Sq: int, Hq: int, d: int, past_len: int, window: int) -> float
     return 4.0 * d * Hq * B * visible_pairs(Sq, past_len, window)
 
 
+def burst_ms(be, kernel, grid, block, args, shared_mem=0, n=20, warmup=2, reps=5) -> float:
+    """Device time of one launch of a compiled kernel: the median over ``reps`` of n
+    back-to-back launches between two events, over n (no host synchronization in between, so
+    launch overhead hides behind the kernels)."""
+    def burst():
+        for _ in range(n):
+            be.launch(kernel, grid, block, args, shared_mem)
+
+    times = sorted(be.time_ms(burst, warmup=warmup, reps=reps))
+    return times[len(times) // 2] / n
+
+
 class Resident:
     """Random fp16 inputs resident on the device for repeated launches."""
 
@@ -70,6 +82,19 @@ class Resident:
         times = self.be.time_ms(lambda: self.launch(window=window, sink_mode=sink_mode, config=config),
                                 warmup=warmup, reps=reps)
         return float(statistics.median(times))
+
+    def kernel_args(self, window: int = -1, sink_mode: int = 1) -> list:
+        """The kernel ABI's argument list on these buffers (docs/ARCHITECTURE.md), for
+        launching a compiled kernel directly (``Backend.launch``), scale 1 / sqrt(d)."""
+        import ctypes
+
+        g, p = self.geom, self.ptr
+        return [(ctypes.c_void_p, p["q"]), (ctypes.c_void_p, p["k"]), (ctypes.c_void_p, p["v"]),
+                (ctypes.c_void_p, p["sink"]), (ctypes.c_void_p, p["out"]),
+                (ctypes.c_int32, g["Sq"]), (ctypes.c_int32, g["Hq"]), (ctypes.c_int32, g["Hkv"]),
+                (ctypes.c_int32, g["S_cap"]), (ctypes.c_int32, g["past_len"]),
+                (ctypes.c_int32, window), (ctypes.c_int32, sink_mode),
+                (ctypes.c_float, g["d"] ** -0.5)]
 
     def output(self) -> np.ndarray:
         out = np.empty_like(self.host["q"])

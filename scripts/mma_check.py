@@ -141,24 +141,11 @@ def _sweep_jobs():
 def raw_ms(be, r, kern, cfg, window, sink_mode=1, n=20) -> float:
     """Device time of one launch, from n back-to-back launches between two events (no host
     synchronization in between, so launch overhead hides behind the kernels)."""
-    import ctypes
+    from hipkernel.timing import burst_ms
 
-    g, p = r.geom, r.ptr
-    args = [(ctypes.c_void_p, p["q"]), (ctypes.c_void_p, p["k"]), (ctypes.c_void_p, p["v"]),
-            (ctypes.c_void_p, p["sink"]), (ctypes.c_void_p, p["out"]),
-            (ctypes.c_int32, g["Sq"]), (ctypes.c_int32, g["Hq"]), (ctypes.c_int32, g["Hkv"]),
-            (ctypes.c_int32, g["S_cap"]), (ctypes.c_int32, g["past_len"]),
-            (ctypes.c_int32, window), (ctypes.c_int32, sink_mode),
-            (ctypes.c_float, g["d"] ** -0.5)]
-    grid, block = cfg.grid(g["Sq"], g["Hq"], g["B"]), (cfg.threads, 1, 1)
-    smem = cfg.dynamic_smem_bytes(g["d"])
-
-    def burst():
-        for _ in range(n):
-            be.launch(kern, grid, block, args, smem)
-
-    times = be.time_ms(burst, warmup=2, reps=5)
-    return sorted(times)[len(times) // 2] / n
+    g = r.geom
+    return burst_ms(be, kern, cfg.grid(g["Sq"], g["Hq"], g["B"]), (cfg.threads, 1, 1),
+                    r.kernel_args(window, sink_mode), cfg.dynamic_smem_bytes(g["d"]), n=n)
 
 
 def section_sweep(out: Path) -> list:

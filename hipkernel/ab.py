@@ -1,0 +1,234 @@
+"""Same-process A/B of kernel variants: the kernel of one git revision against another's, or
+one config against the same with other ``-D`` macros, timed on the same inputs in the same
+process, with their outputs compared bit for bit and against the reference.
+
+    python -m hipkernel.ab --variant HEAD~5@wgmma_m16_b64 --variant .@wgmma_m16_b64 \\
+        --variant s4=.@wgmma_m16_b64+KV_STAGES=4 --shape gptoss-16384@0 --json ab.json
+
+A variant is ``[LABEL=]REV@CONFIG[+MACRO=VALUE...]``:
+
+    REV     a git revision, whose ``hipkernel/kernels/`` is read with ``git show`` (the
+            committed files, not the working tree); ``.`` for the working tree; or a
+            directory holding a copy of a tree's ``hipkernel/kernels/`` (for a machine
+            without the history: ``mkdir d && git archive REV hipkernel/kernels | tar -x -C d``)
+    CONFIG  a config name (``wgmma_m16_b64``, ``mma_m8_b64_w2``, ``m4_b64``, ...): the kernel
+            path, the launch geometry and the ``-D`` macros (``hipkernel.config``) of the
+            current tree
+    +M=V    a ``-D`` macro added or overridden (``KV_STAGES``, ``LOOKAHEAD``, ``MIN_BLOCKS``,
+            ``PRODUCER_REGS``, ...); not the ones that fix the geometry (HEAD_DIM, M_TILES,
+            BKV, WARP_M, WS: choose another config); KV_STAGES also sizes the dynamic shared
+            memory of a wgmma variant
+
+Every variant of a shape runs on one set of resident inputs (``hipkernel.timing.Resident``,
+per-head sink): kernel-only time (``timing.burst_ms``: n back-to-back launches between two
+events, median of reps), ``--passes`` times over the variants in turn. Each row says whether
+the output is bit-identical to the first variant's with the same key tile (``bkv``: the
+tiles fix the rounding), and its relL2 against the fp32 reference where the shape is small
+enough (``--ref-max-pairs``). A shape's FLOPs are ``hipkernel.timing.flops``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from hipkernel import api
+from hipkernel.config import KernelConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKTREE = "."
+GEOMETRY_MACROS = ("HEAD_DIM", "M_TILES", "BKV", "WARP_M", "WS")
+_VARIANT = re.compile(r"(?:(?P<label>[\w.-]+)=)?(?P<rev>[^@=+\s]+)@(?P<config>[\w]+)"
+                      r"(?P<macros>(?:\+\w+=-?\d+)*)\Z")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One kernel variant: the source of ``rev`` compiled for ``config`` with ``macros``."""
+
+    label: str
+    rev: str
+    config: KernelConfig
+    macros: dict = field(default_factory=dict)
+
+    def defines(self, d: int) -> dict:
+        return {**api.kernel_defines(d, self.config), **self.macros}
+
+    def shared_mem(self, d: int) -> int:
+        """The dynamic shared memory of a launch: the config's, with KV_STAGES overridden."""
+        stages = self.macros.get("KV_STAGES")
+        if stages is None or self.config.path != "wgmma":
+            return self.config.dynamic_smem_bytes(d)
+        per_stage = self.config.dynamic_smem_bytes(d) // self.config.kv_stages(d)
+        return stages * per_stage
+
+
+def parse_variant(spec: str) -> Variant:
+    """``[LABEL=]REV@CONFIG[+MACRO=VALUE...]`` -> :class:`Variant`; ValueError naming
+    ``variant`` and what is wrong."""
+    from hipkernel.reliability import config_from_name
+
+    m = _VARIANT.match(str(spec).strip())
+    if m is None:
+        raise ValueError(f"variant: expected [LABEL=]REV@CONFIG[+MACRO=VALUE...], e.g. "
+                         f"main@wgmma_m16_b64+KV_STAGES=4, got {spec!r}")
+    try:
+        config = config_from_name(m.group("config"))
+    except ValueError as e:
+        raise ValueError(f"variant {spec!r}: {e}") from None
+    macros = {}
+    for item in filter(None, m.group("macros").split("+")):
+        name, value = item.split("=")
+        if name in GEOMETRY_MACROS:
+            raise ValueError(f"variant {spec!r}: {name} is fixed by the config "
+                             f"({config.name}); name another config instead")
+        macros[name] = int(value)
+    if "KV_STAGES" in macros and (config.path != "wgmma" or macros["KV_STAGES"] < 1):
+        raise ValueError(f"variant {spec!r}: KV_STAGES is a wgmma-path macro (>= 1)")
+    label = m.group("label") or spec.strip()
+    return Variant(label, m.group("rev"), config, macros)
+
+
+def source_at(rev: str, path: str, repo: Path = ROOT) -> str:
+    """The kernel of ``path`` as one translation unit, from git revision ``rev`` of ``repo``
+    (``WORKTREE``: the files as they are; a directory: its ``hipkernel/kernels/``).
+    ValueError naming the revision when git cannot show it."""
+    if rev == WORKTREE:
+        return api.kernel_source(path)
+    kernel_dir = api.KERNEL_DIR.relative_to(ROOT).as_posix()
+    copy = Path(rev) / kernel_dir
+    if copy.is_dir():
+        return api.inline_includes(lambda name: (copy / name).read_text(), api.KERNEL_FILES[path].name)
+
+    def read(name: str) -> str:
+        res = subprocess.run(["git", "-C", str(repo), "show", f"{rev}:{kernel_dir}/{name}"],
+                             capture_output=True, text=True)
+        if res.returncode != 0:
+            raise ValueError(f"variant: git cannot show {kernel_dir}/{name} at {rev!r}: "
+                             f"{res.stderr.strip()}")
+        return res.stdout
+
+    return api.inline_includes(read, api.KERNEL_FILES[path].name)
+
+
+def _reference(r, window: int) -> np.ndarray:
+    from refattn.reference import attention
+
+    h = r.host
+    return attention(h["q"].astype(np.float32), h["k"].astype(np.float32),
+                     h["v"].astype(np.float32), past_len=r.geom["past_len"], window=window,
+                     sink=h["sink"].astype(np.float32))
+
+
+def run(backend, variants: list[Variant], shapes: list, *, passes: int = 2, n: int = 20,
+        reps: int = 7, ref_max_pairs: int = 2 ** 31, log=print) -> dict:
+    """Compile every variant for the head dims of ``shapes``, then time each shape's variants
+    in turn, ``passes`` times, on one set of resident inputs. Returns the JSON document."""
+    from refattn.metrics import rel_l2
+    from hipkernel.timing import Resident, burst_ms, visible_pairs
+
+    if not variants or not shapes:
+        raise ValueError("variants and shapes: at least one of each")
+    labels = [v.label for v in variants]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"variant: labels must differ, got {labels} (name them LABEL=...)")
+    kernels, compiled = {}, []
+    for d in sorted({s.geometry["d"] for s in shapes}):
+        for v in variants:
+            if not v.config.fits(d):
+                log(f"d{d} {v.label}: {v.config.name} does not fit at d={d}; skipped")
+                continue
+            k = backend.compile(source_at(v.rev, v.config.path), v.defines(d), api.KERNEL_NAME)
+            info = getattr(k, "info", None)
+            kernels[(d, v.label)] = k
+            compiled.append(dict(d=d, variant=v.label, rev=v.rev, config=v.config.name,
+                                 defines=v.defines(d), shared_mem=v.shared_mem(d),
+                                 regs=getattr(info, "regs", None), spills=getattr(info, "spills", None)))
+            log(f"d{d} {v.label}: {v.config.name} {v.defines(d)} regs {compiled[-1]['regs']} "
+                f"spills {compiled[-1]['spills']} shared {v.shared_mem(d)}")
+    rows = []
+    for shape in shapes:
+        g = shape.geometry
+        r = Resident(backend, B=g["B"], Sq=shape.sq, Hq=g["Hq"], Hkv=g["Hkv"], d=g["d"],
+                     past_len=shape.past_len)
+        try:
+            pairs = g["B"] * g["Hq"] * visible_pairs(shape.sq, shape.past_len, shape.window)
+            expected = _reference(r, shape.window) if pairs <= ref_max_pairs else None
+            args = r.kernel_args(shape.window)
+            first_of_tile: dict[int, np.ndarray] = {}
+            for p in range(passes):
+                for v in variants:
+                    k = kernels.get((g["d"], v.label))
+                    if k is None:
+                        continue
+                    backend.memset(r.ptr["out"], 0xFF, r.host["q"].nbytes)  # NaN: unwritten shows
+                    grid = v.config.grid(shape.sq, g["Hq"], g["B"])
+                    ms = burst_ms(backend, k, grid, (v.config.threads, 1, 1), args,
+                                  v.shared_mem(g["d"]), n=n, reps=reps)
+                    out = r.output()
+                    ref = first_of_tile.setdefault(v.config.bkv, out)
+                    same = None if ref is out else bool(np.array_equal(ref.view(np.uint16),
+                                                                       out.view(np.uint16)))
+                    row = dict(shape=shape.name, variant=v.label, config=v.config.name, bkv=v.config.bkv,
+                               **{"pass": p}, ms=ms, tflops=shape.flops() / ms / 1e9,
+                               bit_identical=same, finite=bool(np.isfinite(out).all()),
+                               rel_l2=(float(rel_l2(out.astype(np.float32), expected))
+                                       if expected is not None and p == 0 else None))
+                    rows.append(row)
+                    log(f"{p} {shape.name:<20} {v.label:<24} {ms:9.4f} ms {row['tflops']:7.1f} TF/s "
+                        f"same={same} finite={row['finite']} relL2={row['rel_l2']}")
+        finally:
+            r.free()
+    return {"kind": "kernel_ab", "device": getattr(backend, "device_name", "?"),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "passes": passes, "launches": n,
+            "reps": reps, "compiled": compiled, "rows": rows}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m hipkernel.ab", description=__doc__.split("\n\n")[0].replace("\n", " "),
+        epilog=__doc__[__doc__.index("    python -m"):], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--variant", action="append", required=True, metavar="SPEC",
+                    help="[LABEL=]REV@CONFIG[+MACRO=VALUE...] (repeat; the first is the baseline)")
+    ap.add_argument("--shape", action="append", required=True, metavar="NAME",
+                    help="a hipkernel.bench shape name, e.g. gptoss-16384@0 or gptoss-512@8192-w128 (repeat)")
+    ap.add_argument("--passes", type=int, default=2, help="times over every variant (default 2)")
+    ap.add_argument("--launches", type=int, default=20, help="back-to-back launches a sample (default 20)")
+    ap.add_argument("--reps", type=int, default=7, help="samples, of which the median (default 7)")
+    ap.add_argument("--ref-max-pairs", type=int, default=2 ** 31,
+                    help="compare with the fp32 reference up to this many (row, key, head) pairs")
+    ap.add_argument("--backend", default=None, help="cuda or hip (default: the first that works)")
+    ap.add_argument("--json", type=Path, default=None, help="write the rows here")
+    args = ap.parse_args(argv)
+    from hipkernel.bench import parse_shape
+
+    try:
+        variants = [parse_variant(s) for s in args.variant]
+        shapes = [parse_shape(s) for s in args.shape]
+        for name, x in (("passes", args.passes), ("launches", args.launches), ("reps", args.reps)):
+            if x < 1:
+                raise ValueError(f"{name}: expected >= 1, got {x}")
+    except ValueError as e:
+        ap.error(str(e))
+    from hipkernel.backends import get_backend
+
+    doc = run(get_backend(args.backend), variants, shapes, passes=args.passes, n=args.launches,
+              reps=args.reps, ref_max_pairs=args.ref_max_pairs)
+    doc["command"] = "python -m hipkernel.ab " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

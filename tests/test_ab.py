@@ -1,0 +1,125 @@
+"""hipkernel.ab, the same-process A/B of kernel variants: its variant specs, its sources from
+git revisions, and a whole run on the model backend (launches compute hipkernel.model), which
+checks the launches it makes and the comparisons it reports."""
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+
+from hipkernel import ab, api
+from hipkernel.bench import parse_shape
+from hipkernel.config import KernelConfig
+from tests.test_fuzz import ModelBackend
+
+
+def test_parse_variant():
+    v = ab.parse_variant("main@wgmma_m16_b64")
+    assert (v.label, v.rev, v.config, v.macros) == ("main@wgmma_m16_b64", "main",
+                                                    KernelConfig(16, 64, "wgmma"), {})
+    v = ab.parse_variant("deep=wip/x~1@wgmma_m16_b64+KV_STAGES=4+LOOKAHEAD=1")
+    assert (v.label, v.rev, v.macros) == ("deep", "wip/x~1", {"KV_STAGES": 4, "LOOKAHEAD": 1})
+    assert v.defines(64) == {"HEAD_DIM": 64, "M_TILES": 16, "BKV": 64, "KV_STAGES": 4, "LOOKAHEAD": 1}
+    # KV_STAGES resizes the dynamic shared memory: 4 x (a 64-key K and V tile + 16 bytes)
+    assert v.shared_mem(64) == 4 * (2 * 64 * 64 * 2 + 16)
+    assert ab.parse_variant(".@wgmma_m16_b64").shared_mem(64) == KernelConfig(16, 64, "wgmma").dynamic_smem_bytes(64)
+    assert ab.parse_variant(".@mma_m8_b64_w2+MIN_BLOCKS=1").shared_mem(64) == 0
+    for bad, why in [("main", "expected"), ("main@", "expected"), ("main@nope_m4", "config"),
+                     ("main@mma_m4_b64+M_TILES=8", "M_TILES is fixed by the config"),
+                     ("main@mma_m4_b64+KV_STAGES=2", "KV_STAGES is a wgmma-path macro"),
+                     ("main@wgmma_m16_b64+KV_STAGES=0", "KV_STAGES"),
+                     ("main@mma_m4_b64+X=y", "expected")]:
+        with pytest.raises(ValueError, match="^variant") as e:
+            ab.parse_variant(bad)
+        assert why in str(e.value), (bad, str(e.value))
+
+
+def test_source_at_the_worktree_and_a_revision():
+    for path in api.KERNEL_FILES:
+        assert ab.source_at(ab.WORKTREE, path) == api.kernel_source(path)
+    try:
+        clean = subprocess.run(["git", "-C", str(ab.ROOT), "diff", "--quiet", "HEAD", "--",
+                                "hipkernel/kernels"]).returncode == 0
+    except OSError:
+        pytest.skip("git is not here")
+    if not clean:
+        pytest.skip("the kernel files differ from HEAD here")
+    assert ab.source_at("HEAD", "wgmma") == api.kernel_source("wgmma")  # headers inlined alike
+    with pytest.raises(ValueError, match=r"^variant: git cannot show .* at 'no-such-rev'"):
+        ab.source_at("no-such-rev", "mma")
+
+
+def test_source_from_a_copy_of_the_kernel_files(tmp_path):
+    """A directory as REV: its hipkernel/kernels/ (what git archive would unpack), headers
+    inlined from the same copy."""
+    kernels = tmp_path / "hipkernel" / "kernels"
+    kernels.mkdir(parents=True)
+    for f in api.KERNEL_DIR.iterdir():
+        if f.suffix in (".hip", ".h"):
+            (kernels / f.name).write_text(f.read_text())
+    assert ab.source_at(str(tmp_path), "wgmma") == api.kernel_source("wgmma")
+    (kernels / "wgmma.h").write_text("// another wgmma.h\n")
+    assert "// another wgmma.h" in ab.source_at(str(tmp_path), "wgmma")
+    assert ab.parse_variant(f"old={tmp_path}@mma_m4_b64").rev == str(tmp_path)
+
+
+def test_run_times_every_variant_on_the_same_inputs_and_compares_them():
+    be = ModelBackend(arch="sm_90")
+    variants = [ab.parse_variant(s) for s in (".@mma_m4_b64", "mb=.@mma_m4_b64+MIN_BLOCKS=2",
+                                               "wg=.@wgmma_m16_b64+KV_STAGES=4", ".@mma_m4_b32")]
+    shapes = [parse_shape("gptoss-20@12"), parse_shape("gptoss-33@40-w16")]
+    lines = []
+    doc = ab.run(be, variants, shapes, passes=2, n=3, reps=2, log=lines.append)
+    assert [(c["variant"], c["shared_mem"]) for c in doc["compiled"]] == [
+        (".@mma_m4_b64", 0), ("mb", 0), ("wg", 4 * (2 * 64 * 64 * 2 + 16)), (".@mma_m4_b32", 0)]
+    assert doc["compiled"][1]["defines"]["MIN_BLOCKS"] == 2
+    rows = doc["rows"]
+    assert len(rows) == len(shapes) * len(variants) * 2
+    by = {(r["shape"], r["variant"], r["pass"]): r for r in rows}
+    for s in ("gptoss-20@12", "gptoss-33@40-w16"):
+        assert by[(s, ".@mma_m4_b64", 0)]["bit_identical"] is None  # the baseline of bkv 64
+        assert by[(s, ".@mma_m4_b32", 0)]["bit_identical"] is None  # the first of bkv 32
+        assert by[(s, "mb", 0)]["bit_identical"] is True  # same tiles: same bits
+        assert by[(s, ".@mma_m4_b64", 1)]["bit_identical"] is True
+        for v in variants:
+            r0 = by[(s, v.label, 0)]
+            assert r0["finite"] and 0 <= r0["rel_l2"] < 2e-3, r0
+            assert by[(s, v.label, 1)]["rel_l2"] is None  # compared once
+    # each launch: the variant's grid, block and shared memory, the shape's ABI arguments
+    timed = [l for l in be.launches if l["kernel"].get("KV_STAGES") == 4]
+    assert timed and all(l["block"] == (512, 1, 1) and l["shared_mem"] == 65600 for l in timed)
+    assert {tuple(l["args"][5:12]) for l in timed} == {(20, 64, 8, 32, 12, -1, 1), (33, 64, 8, 73, 40, 16, 1)}
+    assert len(lines) == len(doc["compiled"]) + len(rows)
+    json.dumps(doc)  # the document is JSON as it is
+
+
+def test_run_checks_its_arguments():
+    be = ModelBackend(arch="sm_90")
+    v = ab.parse_variant(".@mma_m4_b64")
+    with pytest.raises(ValueError, match="^variant: labels must differ"):
+        ab.run(be, [v, v], [parse_shape("gptoss-8@0")])
+    with pytest.raises(ValueError, match="^variants and shapes"):
+        ab.run(be, [v], [])
+
+
+def test_reference_comparison_is_skipped_over_the_limit():
+    doc = ab.run(ModelBackend(arch="sm_90"), [ab.parse_variant(".@mma_m4_b64")],
+                 [parse_shape("gptoss-16@0")], passes=1, n=1, reps=1, ref_max_pairs=10, log=lambda s: None)
+    assert [r["rel_l2"] for r in doc["rows"]] == [None]
+    assert np.isfinite(doc["rows"][0]["ms"])
+
+
+def test_cli_names_a_bad_argument(capsys):
+    with pytest.raises(SystemExit) as e:
+        ab.main(["--variant", "main", "--shape", "gptoss-512@8192"])
+    assert e.value.code == 2 and "variant: expected" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        ab.main(["--variant", ".@mma_m4_b64", "--shape", "gptoss-512"])
+    assert "not a shape name" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        ab.main(["--variant", ".@mma_m4_b64", "--shape", "gptoss-8@0", "--passes", "0"])
+    assert "passes: expected >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        ab.main(["--help"])
+    assert e.value.code == 0 and "REV@CONFIG" in capsys.readouterr().out
