@@ -46,7 +46,7 @@ from hipkernel.config import KernelConfig
 ROOT = Path(__file__).resolve().parent.parent
 WORKTREE = "."
 GEOMETRY_MACROS = ("HEAD_DIM", "M_TILES", "BKV", "WARP_M", "WS")
-_VARIANT = re.compile(r"(?:(?P<label>[\w.-]+)=)?(?P<rev>[^@=+\s]+)@(?P<config>[\w]+)"
+_VARIANT = re.compile(r"(?:(?P<label>[\w.-]+)=)?(?P<rev>[^@=+\s]+)@(?P<config>\w+)"
                       r"(?P<macros>(?:\+\w+=-?\d+)*)\Z")
 
 

@@ -155,12 +155,10 @@ def collect(records: Path, reliability: Path, scaling: Path, out: Path) -> list[
     writing nothing, when one is missing, unreadable, of another kernel source, or failed.
     Returns the names written."""
     records, reliability, scaling, out = Path(records), Path(reliability), Path(scaling), Path(out)
-    sources = {name: records / name for name in FROM_RECORDS}
-    sources.update({name: reliability / name for name in FROM_RELIABILITY})
-    sources[SCALING_RECORD] = scaling
-    what = {name: ("records" if name in FROM_RECORDS else "scaling" if name == SCALING_RECORD
-                   else "reliability") for name in sources}
-    staged = {name: _load(path, what[name]) for name, path in sources.items()}
+    sources = ([(name, records / name, "records") for name in FROM_RECORDS]
+               + [(name, reliability / name, "reliability") for name in FROM_RELIABILITY]
+               + [(SCALING_RECORD, scaling, "scaling")])
+    staged = {name: _load(path, what) for name, path, what in sources}
     matrix_run = _load(records / "h200.json", "records")  # the run mma_check.json belongs to
     staged[MMA_CHECK_RECORD] = _mma_check_record(
         _load(records / "mma_check.json", "records"), matrix_run, records / "mma_check.json")
@@ -170,7 +168,7 @@ def collect(records: Path, reliability: Path, scaling: Path, out: Path) -> list[
     if problems:
         raise ValueError("nothing written:\n  " + "\n  ".join(problems))
     out.mkdir(parents=True, exist_ok=True)
-    for name, path in sources.items():
+    for name, path, _ in sources:
         shutil.copyfile(path, out / name)
     (out / MMA_CHECK_RECORD).write_text(json.dumps(staged[MMA_CHECK_RECORD], indent=1) + "\n")
     return sorted(staged)
