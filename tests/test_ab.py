@@ -20,7 +20,8 @@ def test_parse_variant():
                                                     KernelConfig(16, 64, "wgmma"), {})
     v = ab.parse_variant("deep=wip/x~1@wgmma_m16_b64+KV_STAGES=4+LOOKAHEAD=1")
     assert (v.label, v.rev, v.macros) == ("deep", "wip/x~1", {"KV_STAGES": 4, "LOOKAHEAD": 1})
-    assert v.defines(64) == {"HEAD_DIM": 64, "M_TILES": 16, "BKV": 64, "KV_STAGES": 4, "LOOKAHEAD": 1}
+    assert v.defines(64) == {"HEAD_DIM": 64, "M_TILES": 16, "BKV": 64, "KV_STAGES": 4, "LOOKAHEAD": 1,
+                              "RESCALE_LOG2": 8}
     # KV_STAGES resizes the dynamic shared memory: 4 x (a 64-key K and V tile + 16 bytes)
     assert v.shared_mem(64) == 4 * (2 * 64 * 64 * 2 + 16)
     assert ab.parse_variant(".@wgmma_m16_b64").shared_mem(64) == KernelConfig(16, 64, "wgmma").dynamic_smem_bytes(64)

@@ -193,7 +193,8 @@ def test_wgmma_config_needs_an_sm90_target():
                                     config={"path": "wgmma", "m_tiles": 8, "bkv": 64}, **geom) == 0
         assert sources == [api.kernel_source("wgmma")], f"{arch}: not compiled from the wgmma source"
         launch = be.launches[-1]
-        assert launch["kernel"] == {"HEAD_DIM": 64, "M_TILES": 8, "BKV": 64, "KV_STAGES": 6}
+        assert launch["kernel"] == {"HEAD_DIM": 64, "M_TILES": 8, "BKV": 64, "KV_STAGES": 6,
+                                    "RESCALE_LOG2": 8}
         assert launch["block"] == (256, 1, 1) and launch["grid"] == (1, 8, 1)
         # its K/V stages are dynamic shared memory, passed at launch: 6 x 16 KiB, and 6 x 16
         # bytes of mbarriers

@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 
 from hipkernel import api, model
+from hipkernel import config as config_module
 from hipkernel.config import (CANDIDATES, DEFAULT, HEAD_DIMS, MMA_CANDIDATES, MMA_WIDE_CANDIDATES,
                               WGMMA_BY_HEAD_DIM, WGMMA_CANDIDATES, WGMMA_MAX_STAGES,
-                              WGMMA_SMEM_BUDGET, KernelConfig, candidates, compiled_variants,
-                              default_config, has_mma, has_wgmma)
+                              WGMMA_RESCALE_LOG2, WGMMA_SMEM_BUDGET, KernelConfig, candidates,
+                              compiled_variants, default_config, has_mma, has_wgmma)
 from refattn import reference
 from refattn.mutants import MUTANTS, by_name
 
@@ -369,7 +370,8 @@ def test_wgmma_config_geometry_and_shared_memory():
     assert c.grid(Sq=129, Hq=64, B=2) == (2, 64, 2) and c16.grid(Sq=257, Hq=64, B=1) == (2, 64, 1)
     assert (WGMMA_SMEM_BUDGET, WGMMA_MAX_STAGES) == (96 * 1024, 6)
     # 64-key tiles at d = 64: 16 KiB a stage, 6 stages = the whole 96 KiB budget
-    assert c16.defines(64) == {"HEAD_DIM": 64, "M_TILES": 16, "BKV": 64, "KV_STAGES": 6}
+    assert c16.defines(64) == {"HEAD_DIM": 64, "M_TILES": 16, "BKV": 64, "KV_STAGES": 6,
+                             "RESCALE_LOG2": 8}
     # ... and after the stages two mbarriers a stage (16 bytes), reserved on every wgmma tile
     assert (c16.kv_stages(64), c16.smem_bytes(64), c16.dynamic_smem_bytes(64)) == (6, 98304, 98304 + 96)
     # 64-key tiles at d = 128: 32 KiB a stage, 3 stages
@@ -499,12 +501,13 @@ def test_compiled_variants_hold_both_wgmma_tiles():
 
 
 @pytest.mark.parametrize("d, bkv, m_wg", [(64, 64, 8), (128, 32, 8), (64, 64, 16), (128, 64, 8)])
-def test_wgmma_model_is_the_mma_model(d, bkv, m_wg):
+def test_wgmma_model_is_the_mma_model(d, bkv, m_wg, monkeypatch):
     """The model of "wgmma" is the model of "mma" at the same key tiles (P rounded to fp16
-    before P.V, the same KV walk): bitwise equal output, with a sink, a window and a ragged
-    tail, also with four warpgroups a block (256 rows; the extra tiles its start clamp walks
-    are invisible to the rows that did not need them). Against the scalar path they differ
-    by that rounding only."""
+    before P.V, the same KV walk) but for lazy rescaling (off here; see the next test):
+    bitwise equal output, with a sink, a window and a ragged tail, also with four warpgroups
+    a block (256 rows; the extra tiles its start clamp walks are invisible to the rows that
+    did not need them). Against the scalar path they differ by that rounding only."""
+    monkeypatch.setattr(config_module, "WGMMA_RESCALE_LOG2", 0)
     s = Shape("wgmma", B=2, Sq=300, Hq=8, Hkv=2, d=d, past=83, window=70, sink="per_head", seed=3)
     wg = run_model(replace(s, config=KernelConfig(m_wg, bkv, "wgmma")))
     mma = run_model(replace(s, config=KernelConfig(8, bkv, "mma")))
@@ -515,6 +518,61 @@ def test_wgmma_model_is_the_mma_model(d, bkv, m_wg):
     assert not np.array_equal(wg, scalar)  # the fp16 P rounding is there
     assert rel_l2(wg, scalar) < 2e-3
     assert_close(wg, run_reference(s))
+
+
+def test_lazy_rescaling_is_the_wgmma_d64_rule():
+    """Lazy rescaling is on for the wgmma path at d = 64 only, and reaches the kernel as
+    RESCALE_LOG2; elsewhere the macro is absent (the kernel's default, 0)."""
+    for cfg in (KernelConfig(16, 64, "wgmma"), KernelConfig(4, 32, "wgmma"), KernelConfig(8, 64, "wgmma", ws=True)):
+        assert cfg.rescale_log2(64) == WGMMA_RESCALE_LOG2 == 8
+        assert cfg.defines(64)["RESCALE_LOG2"] == 8
+        assert cfg.rescale_log2(128) == 0 and "RESCALE_LOG2" not in cfg.defines(128)
+    for cfg in (DEFAULT, KernelConfig(4, 64, "mma"), KernelConfig(8, 64, "mma", 2)):
+        assert cfg.rescale_log2(64) == 0 and "RESCALE_LOG2" not in cfg.defines(64)
+
+
+# Keys whose logits climb along the sequence (k_j scaled by 1 + j / 16): a row's max grows
+# by far more than 2^8 over its tiles, so the lazy model both defers and rescales.
+def _climbing(s: Shape):
+    q, k, v, sink = make(s)
+    k = (k.astype(np.float32) * (1 + np.arange(k.shape[2]) / 16)[:, None]).astype(np.float16)
+    return q, k, v, sink
+
+
+def test_lazy_rescaling_model(monkeypatch):
+    """The wgmma model at d = 64 keeps a warp's max while no row's grows by more than 2^8:
+    it matches the reference, differs from eager rescaling only by rounding, and really
+    defers (with a threshold of 2^1000 the climbing maxima overflow p = exp2(s2 - m) to inf,
+    which the eager model never sees)."""
+    s = Shape("lazy", Sq=200, Hq=4, Hkv=2, past=120, sink="per_head", q_scale=2.0,
+              config=KernelConfig(16, 64, "wgmma"), seed=5)
+    q, k, v, sink = _climbing(s)
+    kw = dict(kwargs(s, sink), config=s.config)
+    expected = reference.attention(q, k[:, :, :s.skv], v[:, :, :s.skv], dtype=np.float64,
+                                   **kwargs(s, sink))
+    lazy = model.attention(q, k, v, **kw)
+    assert_close(lazy, expected)
+    monkeypatch.setattr(config_module, "WGMMA_RESCALE_LOG2", 0)
+    eager = model.attention(q, k, v, **kw)
+    assert_close(eager, expected)
+    assert not np.array_equal(lazy, eager)
+    assert rel_l2(lazy, eager) < 2e-3
+    monkeypatch.setattr(config_module, "WGMMA_RESCALE_LOG2", 1000)
+    with np.errstate(over="ignore", invalid="ignore"):
+        assert not np.isfinite(model.attention(q, k, v, **kw)).all()
+
+
+@pytest.mark.parametrize("name", [m.name for m in MUTANTS if m.name in KILLERS])
+def test_mutant_is_killed_under_lazy_rescaling(name):
+    """Every killer shape, on the wgmma tile of its geometry at d = 64 (lazy rescaling),
+    still kills its mutant: a deferred rescale hides none of them."""
+    s = KILLERS[name]
+    cfg = KernelConfig(max(4, s.config.m_tiles), max(32, s.config.bkv), "wgmma")
+    s = replace(s, config=cfg)
+    assert cfg.rescale_log2(s.d) > 0
+    expected = run_reference(s)
+    assert_close(run_model(s), expected)
+    assert killed(run_model(s, mutants={name}), expected), f"{name} survives {s}"
 
 
 @pytest.mark.parametrize("args, field", [((3, 64), "m_tiles"), ((4, 48), "bkv"),

@@ -6,7 +6,8 @@
 // (docs/ARCHITECTURE.md "Kernel ABI"):
 //   compile-time  HEAD_DIM (64 | 128), M_TILES (16-row groups, a multiple of 4), BKV (keys
 //                 per tile: 32, 64 or 128), KV_STAGES (K/V tile buffers, >= 1), WS (0 | 1:
-//                 a producer warpgroup, below)
+//                 a producer warpgroup, below), RESCALE_LOG2 (lazy rescaling, flash_rows.h;
+//                 KernelConfig.rescale_log2 sets it, the model follows)
 //   grid          (ceil(Sq / BM), Hq, B), BM = 16 * M_TILES
 //   block         32 * M_TILES threads = M_TILES / 4 warpgroups, + 128 with WS; warpgroup w
 //                 < M_TILES / 4 owns query rows [64 w, 64 w + 64) of the Q tile, its warp x
@@ -119,6 +120,19 @@
 #endif
 #elif !MBAR_PIPE
 #define PENDING (KV_STAGES > 1 ? KV_STAGES - 2 : 0)  // cp.async groups after tile t's
+#endif
+// PINGPONG: the warpgroups issue their Q K^T wgmma in turn (0, 1, ..., NWG - 1, 0, ...),
+// passing a token on named barriers 1 + w (two warpgroups' threads each), so that one's
+// softmax runs while the next multiplies. On the H200 with four free-running warpgroups
+// (wgmma_m16_b64, d 64) it ran 512@8192 3 % faster on top of lazy rescaling (0.1990 against
+// 0.2060 ms) and 16384@0 0.5 % (6.281 against 6.319); with the producer at d 128 it did
+// not pay (docs/performance.md).
+#define NWG (M_TILES / 4)  // warpgroups that own rows
+#ifndef PINGPONG
+#define PINGPONG (MBAR_PIPE && !WS)
+#endif
+#if PINGPONG && NWG < 2
+#error "PINGPONG passes a token between warpgroups: M_TILES >= 8"
 #endif
 #define NB_S (BKV / 8)        // 8-key blocks of the score tile
 #define KC_S (HEAD_DIM / 16)  // 16-dim steps of Q K^T (wgmma k)
@@ -355,9 +369,16 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
 #endif
 
     start();
+#if PINGPONG
+    const int wg = warp >> 2;
+    if (wg == NWG - 1) hk_named_arrive(1, 256);  // warpgroup 0 goes first
+#endif
     int st = 0;  // tile t's stage: (t - t0) % KV_STAGES
     for (int t = t0; t < t_end; ++t) {
         acquire(t, st);
+#if PINGPONG
+        hk_named_sync(1 + wg, 256);  // this warpgroup's turn
+#endif
 
         const int j0 = t * BKV;
 #if GROUP_SKIP
@@ -376,6 +397,9 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
             for (int kc = 0; kc < KC_S; ++kc)
                 hk_wgmma<BKV, 0>(s, qf[kc], hk_wgmma_desc(k_t + 256u * kc, 128u, GROUP_BYTES), kc > 0);
             hk_wgmma_commit();
+#if PINGPONG
+            if (wg != NWG - 1 || t + 1 < t_end) hk_named_arrive(1 + (wg + 1) % NWG, 256);  // the next one's turn
+#endif
             hk_wgmma_wait<0>();
             hk_wgmma_fence_acc(s);
 
@@ -399,6 +423,9 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
             hk_wgmma_wait<0>();
             hk_wgmma_fence_acc(o);
         }
+#if PINGPONG
+        else if (wg != NWG - 1 || t + 1 < t_end) hk_named_arrive(1 + (wg + 1) % NWG, 256);
+#endif
         release(t, st);
         st = st + 1 == KV_STAGES ? 0 : st + 1;
     }
