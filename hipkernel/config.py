@@ -86,7 +86,8 @@ class KernelConfig:
     ``warp_m`` groups of 16 rows per warp, and (wgmma only) ``ws``, a producer warpgroup that
     streams the K/V tiles in. ``warp_m`` and ``ws`` change only which warp computes a row or
     loads a tile, not the arithmetic: the model (and so every result) depends on ``m_tiles``,
-    ``bkv`` and ``path``."""
+    ``bkv`` and ``path``, and on the wgmma path at d = 64 on lazy rescaling
+    (``rescale_log2``)."""
 
     m_tiles: int
     bkv: int
