@@ -7,21 +7,38 @@
 #          forced, 16 and 32 rows a warp; kernel-only times of every mma config) -> mma_check.json
 # Every module both need is compiled first, in parallel, into one disk cache.
 #   OUT=dir bash scripts/h200x2_records.sh        (each part under its own time limit)
+#   ONE_GPU=1 OUT=dir bash scripts/h200x2_records.sh   (one H200: the parts in turn on GPU 0)
 # Into reports/gpu/, with this script's, h200x2_reliability.sh's and hipkernel.scaling's outputs:
 #   python -m hipkernel.record --collect REC_DIR REL_DIR SCALING_JSON
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1 HIPKERNEL_CACHE_DIR=${HIPKERNEL_CACHE_DIR:-/tmp/hkcache}
 : "${OUT:?set OUT to the output directory}"
 LIMIT=${LIMIT:-450}
+# ONE_GPU=1: a machine with one H200 (nvidia-h200) runs the two parts one after the other on
+# GPU 0 (about twice the time; each part keeps its own LIMIT).
+ONE_GPU=${ONE_GPU:-0}
+GPU_B=1
+[ "$ONE_GPU" = 1 ] && GPU_B=0
 nvidia-smi --query-gpu=index,name,clocks.max.sm --format=csv > "$OUT/gpus.csv"
 t0=$(date +%s)
 python3 scripts/mma_check.py --sections records,mutants,sweep --prewarm-only > "$OUT/mma.log" 2>&1
 echo "prewarm: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/mma.log"
-(CUDA_VISIBLE_DEVICES=0 timeout "$LIMIT" python3 -m hipkernel.gpu_session --out "$OUT" \
-    --only matrix,mutants,measure,bench > "$OUT/session.log" 2>&1
- echo "gpu_session rc=$? after $(( $(date +%s) - t0 )) s" >> "$OUT/session.log") &
-(CUDA_VISIBLE_DEVICES=1 timeout "$LIMIT" python3 scripts/mma_check.py --no-prewarm \
-    --sections mutants,sweep --out "$OUT" >> "$OUT/mma.log" 2>&1
- echo "mma_check rc=$? after $(( $(date +%s) - t0 )) s" >> "$OUT/mma.log") &
-wait
+session() {
+    CUDA_VISIBLE_DEVICES=0 timeout "$LIMIT" python3 -m hipkernel.gpu_session --out "$OUT" \
+        --only matrix,mutants,measure,bench > "$OUT/session.log" 2>&1
+    echo "gpu_session rc=$? after $(( $(date +%s) - t0 )) s" >> "$OUT/session.log"
+}
+mma_check() {
+    CUDA_VISIBLE_DEVICES=$GPU_B timeout "$LIMIT" python3 scripts/mma_check.py --no-prewarm \
+        --sections mutants,sweep --out "$OUT" >> "$OUT/mma.log" 2>&1
+    echo "mma_check rc=$? after $(( $(date +%s) - t0 )) s" >> "$OUT/mma.log"
+}
+if [ "$ONE_GPU" = 1 ]; then  # one after the other, so that neither's timings see the other
+    session
+    mma_check
+else
+    session &
+    mma_check &
+    wait
+fi
 tail -n 3 "$OUT/session.log" "$OUT/mma.log"
