@@ -51,6 +51,21 @@ def burst_ms(be, kernel, grid, block, args, shared_mem=0, n=20, warmup=2, reps=5
     return times[len(times) // 2] / n
 
 
+def enqueue_ms(be, kernel, grid, block, args, shared_mem=0, n=20, reps=3) -> float:
+    """Host time to enqueue one launch: the median over ``reps`` of n launches issued without
+    waiting (the device drained before each), over n. When it reaches ``burst_ms``, the
+    burst measured the host, not the kernel: the device waited between launches."""
+    times = []
+    for _ in range(reps):
+        be.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            be.launch(kernel, grid, block, args, shared_mem)
+        times.append((time.perf_counter() - t0) * 1e3 / n)
+        be.synchronize()
+    return sorted(times)[len(times) // 2]
+
+
 class Resident:
     """Random fp16 inputs resident on the device for repeated launches."""
 

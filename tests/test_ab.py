@@ -4,11 +4,12 @@ checks the launches it makes and the comparisons it reports."""
 
 import json
 import subprocess
+import time
 
 import numpy as np
 import pytest
 
-from hipkernel import ab, api
+from hipkernel import ab, api, timing
 from hipkernel.bench import parse_shape
 from hipkernel.config import KernelConfig
 from tests.test_fuzz import ModelBackend
@@ -92,7 +93,46 @@ def test_run_times_every_variant_on_the_same_inputs_and_compares_them():
     assert timed and all(l["block"] == (512, 1, 1) and l["shared_mem"] == 65600 for l in timed)
     assert {tuple(l["args"][5:12]) for l in timed} == {(20, 64, 8, 32, 12, -1, 1), (33, 64, 8, 73, 40, 16, 1)}
     assert len(lines) == len(doc["compiled"]) + len(rows)
+    for r in rows:  # the model launches on the host: its enqueue time is its burst time
+        assert r["host_ms"] > 0 and r["host_bound"] == (r["host_ms"] >= ab.HOST_BOUND * r["ms"])
     json.dumps(doc)  # the document is JSON as it is
+
+
+class _Clocked:
+    """A backend whose launches cost the host ``host_s`` each and the device ``device_ms``
+    a launch (what its events would see)."""
+
+    def __init__(self, host_s: float, device_ms: float):
+        self.host_s, self.device_ms, self.syncs, self.launches = host_s, device_ms, 0, 0
+
+    def launch(self, *a):
+        self.launches += 1
+        time.sleep(self.host_s)
+
+    def synchronize(self):
+        self.syncs += 1
+
+    def time_ms(self, fn, warmup=3, reps=10):
+        for _ in range(warmup):
+            fn()
+        n0, out = self.launches, []
+        for _ in range(reps):
+            fn()
+            out.append(self.device_ms * (self.launches - n0))
+            n0 = self.launches
+        return out
+
+
+def test_enqueue_time_tells_a_host_bound_burst():
+    """timing.enqueue_ms is the host's time a launch, the device drained before and after
+    each repetition; against burst_ms it tells a burst that timed the host."""
+    slow_host = _Clocked(host_s=0.002, device_ms=0.001)
+    launch = (None, (1, 1, 1), (32, 1, 1), ())
+    host = timing.enqueue_ms(slow_host, *launch, n=5, reps=3)
+    assert host >= 2.0 and slow_host.launches == 15 and slow_host.syncs == 6
+    assert host >= ab.HOST_BOUND * timing.burst_ms(slow_host, *launch, n=5, reps=3)
+    fast_host = _Clocked(host_s=0.0, device_ms=50.0)
+    assert timing.enqueue_ms(fast_host, *launch, n=5) < ab.HOST_BOUND * timing.burst_ms(fast_host, *launch, n=5)
 
 
 def test_run_checks_its_arguments():
