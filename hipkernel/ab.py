@@ -27,7 +27,7 @@ tiles fix the rounding), and its relL2 against the fp32 reference where the shap
 enough (``--ref-max-pairs``). A shape's FLOPs are ``hipkernel.timing.flops``.
 
 A burst hides the host's launch cost only while a launch outlasts it. Each row also has
-``host_ms``, the host's time to enqueue one launch (``timing.enqueue_ms``), and
+``host_ms``, the host's time to enqueue one launch in those bursts (``timing.burst_timing``), and
 ``host_bound`` when that reaches HOST_BOUND of the burst time: then the device waited
 between launches and the row times the host (on the H200, a 512-row chunk under a 128-key
 window: 0.045 ms a launch in a burst against 0.0156 in ``refattn bench``, whose calls wait
@@ -141,7 +141,7 @@ def run(backend, variants: list[Variant], shapes: list, *, passes: int = 2, n: i
     """Compile every variant for the head dims of ``shapes``, then time each shape's variants
     in turn, ``passes`` times, on one set of resident inputs. Returns the JSON document."""
     from refattn.metrics import rel_l2
-    from hipkernel.timing import Resident, burst_ms, enqueue_ms, visible_pairs
+    from hipkernel.timing import Resident, burst_timing, visible_pairs
 
     if not variants or not shapes:
         raise ValueError("variants and shapes: at least one of each")
@@ -179,9 +179,8 @@ def run(backend, variants: list[Variant], shapes: list, *, passes: int = 2, n: i
                         continue
                     backend.memset(r.ptr["out"], 0xFF, r.host["q"].nbytes)  # NaN: unwritten shows
                     grid = v.config.grid(shape.sq, g["Hq"], g["B"])
-                    launch = (backend, k, grid, (v.config.threads, 1, 1), args, v.shared_mem(g["d"]))
-                    ms = burst_ms(*launch, n=n, reps=reps)
-                    host_ms = enqueue_ms(*launch, n=n)
+                    ms, host_ms = burst_timing(backend, k, grid, (v.config.threads, 1, 1), args,
+                                               v.shared_mem(g["d"]), n=n, reps=reps)
                     out = r.output()
                     ref = first_of_tile.setdefault(v.config.bkv, out)
                     same = None if ref is out else bool(np.array_equal(ref.view(np.uint16),

@@ -39,31 +39,28 @@ def flops(B: int, Sq: int, Hq: int, d: int, past_len: int, window: int) -> float
     return 4.0 * d * Hq * B * visible_pairs(Sq, past_len, window)
 
 
-def burst_ms(be, kernel, grid, block, args, shared_mem=0, n=20, warmup=2, reps=5) -> float:
-    """Device time of one launch of a compiled kernel: the median over ``reps`` of n
-    back-to-back launches between two events, over n (no host synchronization in between, so
-    launch overhead hides behind the kernels)."""
+def burst_timing(be, kernel, grid, block, args, shared_mem=0, n=20, warmup=2, reps=5) -> tuple[float, float]:
+    """Of one launch of a compiled kernel, in ms: the device time, the median over ``reps``
+    of n back-to-back launches between two events, over n (no host synchronization in
+    between, so launch overhead hides behind the kernels); and the host's time to enqueue
+    it, the median of the same bursts on the host's clock. When the second reaches the
+    first, the burst measured the host, not the kernel: the device waited between launches."""
+    host = []
+
     def burst():
-        for _ in range(n):
-            be.launch(kernel, grid, block, args, shared_mem)
-
-    times = sorted(be.time_ms(burst, warmup=warmup, reps=reps))
-    return times[len(times) // 2] / n
-
-
-def enqueue_ms(be, kernel, grid, block, args, shared_mem=0, n=20, reps=3) -> float:
-    """Host time to enqueue one launch: the median over ``reps`` of n launches issued without
-    waiting (the device drained before each), over n. When it reaches ``burst_ms``, the
-    burst measured the host, not the kernel: the device waited between launches."""
-    times = []
-    for _ in range(reps):
-        be.synchronize()
         t0 = time.perf_counter()
         for _ in range(n):
             be.launch(kernel, grid, block, args, shared_mem)
-        times.append((time.perf_counter() - t0) * 1e3 / n)
-        be.synchronize()
-    return sorted(times)[len(times) // 2]
+        host.append((time.perf_counter() - t0) * 1e3 / n)
+
+    times = sorted(be.time_ms(burst, warmup=warmup, reps=reps))
+    host = sorted(host[-len(times):])  # the timed bursts, not the warm-up
+    return times[len(times) // 2] / n, host[len(host) // 2]
+
+
+def burst_ms(be, kernel, grid, block, args, shared_mem=0, n=20, warmup=2, reps=5) -> float:
+    """The device time of ``burst_timing``."""
+    return burst_timing(be, kernel, grid, block, args, shared_mem, n, warmup, reps)[0]
 
 
 class Resident:

@@ -103,14 +103,11 @@ class _Clocked:
     a launch (what its events would see)."""
 
     def __init__(self, host_s: float, device_ms: float):
-        self.host_s, self.device_ms, self.syncs, self.launches = host_s, device_ms, 0, 0
+        self.host_s, self.device_ms, self.launches = host_s, device_ms, 0
 
     def launch(self, *a):
         self.launches += 1
         time.sleep(self.host_s)
-
-    def synchronize(self):
-        self.syncs += 1
 
     def time_ms(self, fn, warmup=3, reps=10):
         for _ in range(warmup):
@@ -123,16 +120,19 @@ class _Clocked:
         return out
 
 
-def test_enqueue_time_tells_a_host_bound_burst():
-    """timing.enqueue_ms is the host's time a launch, the device drained before and after
-    each repetition; against burst_ms it tells a burst that timed the host."""
-    slow_host = _Clocked(host_s=0.002, device_ms=0.001)
+def test_burst_timing_tells_a_host_bound_burst():
+    """timing.burst_timing gives the device time of a launch and the host's time to enqueue
+    it, from the same timed bursts (warm-up left out): a burst whose host time reaches its
+    device time timed the host."""
     launch = (None, (1, 1, 1), (32, 1, 1), ())
-    host = timing.enqueue_ms(slow_host, *launch, n=5, reps=3)
-    assert host >= 2.0 and slow_host.launches == 15 and slow_host.syncs == 6
-    assert host >= ab.HOST_BOUND * timing.burst_ms(slow_host, *launch, n=5, reps=3)
+    slow_host = _Clocked(host_s=0.002, device_ms=0.001)
+    ms, host = timing.burst_timing(slow_host, *launch, n=5, warmup=1, reps=3)
+    assert ms == pytest.approx(0.001) and host >= 2.0 and slow_host.launches == 20
+    assert host >= ab.HOST_BOUND * ms
     fast_host = _Clocked(host_s=0.0, device_ms=50.0)
-    assert timing.enqueue_ms(fast_host, *launch, n=5) < ab.HOST_BOUND * timing.burst_ms(fast_host, *launch, n=5)
+    ms, host = timing.burst_timing(fast_host, *launch, n=5)
+    assert ms == pytest.approx(50.0) and host < ab.HOST_BOUND * ms
+    assert timing.burst_ms(fast_host, *launch, n=5) == ms
 
 
 def test_run_checks_its_arguments():
