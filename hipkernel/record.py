@@ -12,10 +12,19 @@ to record), ``bench`` (peer benchmark), ``reliability`` (determinism, sanitizer,
 ``mma_check`` (kill matrices with each tensor-core config forced, and their kernel-only
 times), ``scaling`` (the GPU tests on one GPU and on two).
 
-``python -m hipkernel.record --collect RECORDS RELIABILITY SCALING`` turns the outputs of
-the three H200 commands (``scripts/h200x2_records.sh``, ``scripts/h200x2_reliability.sh``,
-``python -m hipkernel.scaling``) into ``reports/gpu/``: it checks that every one is a run of
-the kernel source as it is here and passed, and writes nothing otherwise.
+Every kind but ``scaling`` must be a run of the kernel source as it is: those records say
+what this kernel does on the GPU. A ``scaling`` record says how the test harness spreads over
+GPUs (pytest-xdist workers pinned one a GPU); it needs a machine with two GPUs, which is not
+always lent. A kernel edit therefore *carries* the last scaling record forward: it stays,
+labelled with the kernel it ran (:func:`freshness` gives ``"carried"``), and must still be
+``ok``. So a kernel change lands on the one-GPU records, and no kernel change waits on a
+machine that cannot be had; ``--check`` names every carried record.
+
+``python -m hipkernel.record --collect RECORDS RELIABILITY [SCALING]`` turns the outputs of
+the H200 commands (``scripts/h200x2_records.sh``, ``scripts/h200x2_reliability.sh``, and,
+when two GPUs were lent, ``python -m hipkernel.scaling``) into ``reports/gpu/``: it checks
+that every one is a run of the kernel source as it is here and passed, and writes nothing
+otherwise. Without SCALING the committed scaling record is kept as it is.
 """
 
 from __future__ import annotations
@@ -45,8 +54,28 @@ def stamp(kind: str, device: str, body: dict, ok: bool) -> dict:
     }
 
 
+# Kinds whose record outlives a kernel edit (see the module docstring): they measure the
+# harness, not the kernel, on a machine that is lent only at times.
+CARRIED_KINDS = ("scaling",)
+
+
+def freshness(rec: dict, current_hash: str) -> str:
+    """``"fresh"`` (a run of ``current_hash``), ``"carried"`` (a CARRIED_KINDS record of an
+    earlier kernel source) or ``"stale"`` (any other record of another kernel source)."""
+    if rec.get("kernel_source_hash") == current_hash:
+        return "fresh"
+    return "carried" if rec.get("kind") in CARRIED_KINDS else "stale"
+
+
+def carried_note(rec: dict) -> str:
+    """What a carried record says about itself, for the check's output and the report."""
+    return (f"carried: a {rec.get('kind')} run of kernel source "
+            f"{str(rec.get('kernel_source_hash'))[:12]} ({rec.get('device')}, "
+            f"{rec.get('date', 'undated')}); not re-run since")
+
+
 def check_record(rec: dict, current_hash: str | None = None) -> list[str]:
-    """Problems with one record (empty list = fresh and passing)."""
+    """Problems with one record (empty list = fresh or carried, and passing)."""
     current_hash = current_hash or source_hash()
     problems = []
     for key in ("schema", "kind", "kernel_source_hash", "device", "ok"):
@@ -54,7 +83,7 @@ def check_record(rec: dict, current_hash: str | None = None) -> list[str]:
             problems.append(f"missing field {key!r}")
     if problems:
         return problems
-    if rec["kernel_source_hash"] != current_hash:
+    if freshness(rec, current_hash) == "stale":
         problems.append(f"stale: recorded hash {rec['kernel_source_hash'][:12]} != current "
                         f"kernel source {current_hash[:12]} (re-run on the GPU)")
     if not rec["ok"]:
@@ -93,14 +122,28 @@ def check_dir(path: Path, require: tuple[str, ...] = ("h200.json",)) -> list[str
         if not (path / name).exists():
             problems.append(f"{path / name}: missing (run the GPU matrix on the H200 and commit it)")
     current = source_hash()
+    for f, rec, error in _read_dir(path):
+        if error:
+            problems.append(f"{f}: unreadable: {error}")
+        else:
+            problems += [f"{f.name}: {p}" for p in check_record(rec, current)]
+    return problems
+
+
+def carried_in(path: Path) -> list[str]:
+    """One line for each carried record in ``path`` (see :func:`freshness`)."""
+    current = source_hash()
+    return [f"{f.name}: {carried_note(rec)}" for f, rec, error in _read_dir(Path(path))
+            if not error and freshness(rec, current) == "carried"]
+
+
+def _read_dir(path: Path):
+    """(file, record, None) or (file, None, error) for each ``*.json`` in ``path``."""
     for f in sorted(path.glob("*.json")):
         try:
-            rec = json.loads(f.read_text())
+            yield f, json.loads(f.read_text()), None
         except (OSError, json.JSONDecodeError) as e:
-            problems.append(f"{f}: unreadable: {e}")
-            continue
-        problems += [f"{f.name}: {p}" for p in check_record(rec, current)]
-    return problems
+            yield f, None, e
 
 
 # Where each record of reports/gpu/ comes from. Both H200 scripts run the matrix, measure and
@@ -147,24 +190,29 @@ def _mma_check_record(raw: dict, matrix: dict, path: Path) -> dict:
     return rec
 
 
-def collect(records: Path, reliability: Path, scaling: Path, out: Path) -> list[str]:
+def collect(records: Path, reliability: Path, scaling: Path | None, out: Path) -> list[str]:
     """Write the GPU records into ``out`` from the output folders of
     ``scripts/h200x2_records.sh`` (``records``) and ``scripts/h200x2_reliability.sh``
-    (``reliability``) and the JSON of ``python -m hipkernel.scaling`` (``scaling``). Files
+    (``reliability``) and the JSON of ``python -m hipkernel.scaling`` (``scaling``; None
+    keeps the scaling record in ``out``, which the check then reports as carried). Files
     are copied byte for byte; mma_check.json becomes MMA_CHECK_RECORD. Raises ValueError,
-    writing nothing, when one is missing, unreadable, of another kernel source, or failed.
-    Returns the names written."""
-    records, reliability, scaling, out = Path(records), Path(reliability), Path(scaling), Path(out)
+    writing nothing, when one is missing, unreadable, not a run of the current kernel
+    source, or failed. Returns the names written."""
+    records, reliability, out = Path(records), Path(reliability), Path(out)
     sources = ([(name, records / name, "records") for name in FROM_RECORDS]
                + [(name, reliability / name, "reliability") for name in FROM_RELIABILITY]
-               + [(SCALING_RECORD, scaling, "scaling")])
+               + ([(SCALING_RECORD, Path(scaling), "scaling")] if scaling is not None else []))
     staged = {name: _load(path, what) for name, path, what in sources}
     matrix_run = _load(records / "h200.json", "records")  # the run mma_check.json belongs to
     staged[MMA_CHECK_RECORD] = _mma_check_record(
         _load(records / "mma_check.json", "records"), matrix_run, records / "mma_check.json")
     current = source_hash()
-    problems = [f"{name}: {p}" for name, rec in staged.items() for p in check_record(rec, current)]
-    problems += [f"records/h200.json: {p}" for p in check_record(matrix_run, current)]
+    staged_runs = [*staged.items(), ("records/h200.json", matrix_run)]
+    problems = [f"{name}: {p}" for name, rec in staged_runs for p in check_record(rec, current)]
+    # what is collected is this run: nothing is carried in
+    problems += [f"{name}: {carried_note(rec)}, not a run of the current kernel source "
+                 f"{current[:12]}" for name, rec in staged_runs
+                 if freshness(rec, current) == "carried"]
     if problems:
         raise ValueError("nothing written:\n  " + "\n  ".join(problems))
     out.mkdir(parents=True, exist_ok=True)
@@ -180,18 +228,26 @@ def main(argv=None) -> int:
         description="Check committed GPU records against the current kernel source, or collect "
                     "them from the H200 runs' outputs.",
         epilog="examples:\n  python -m hipkernel.record --check reports/gpu\n"
-               "  python -m hipkernel.record --collect d/rec d/rel d/scaling.json",
+               "  python -m hipkernel.record --collect d/rec d/rel d/scaling.json\n"
+               "  python -m hipkernel.record --collect d/rec d/rel   # one GPU: scaling carried",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", type=Path, default=Path("reports/gpu"), metavar="DIR",
                     help="directory of GPU records (default: reports/gpu)")
-    ap.add_argument("--collect", nargs=3, type=Path, metavar=("RECORDS", "RELIABILITY", "SCALING"),
-                    help="write the records into the --check directory from the output folders "
-                         "of scripts/h200x2_records.sh and scripts/h200x2_reliability.sh and the "
-                         "JSON of python -m hipkernel.scaling, then check them")
+    ap.add_argument("--collect", nargs="+", type=Path, metavar="DIR",
+                    help="RECORDS RELIABILITY [SCALING]: write the records into the --check "
+                         "directory from the output folders of scripts/h200x2_records.sh and "
+                         "scripts/h200x2_reliability.sh and, when it was run (two GPUs), the JSON "
+                         "of python -m hipkernel.scaling (else the scaling record there is "
+                         "carried), then check them")
     args = ap.parse_args(argv)
     if args.collect:
+        if len(args.collect) not in (2, 3):
+            ap.error(f"--collect takes RECORDS RELIABILITY [SCALING], got {len(args.collect)} "
+                     f"paths")
+        records, reliability, *scaling = args.collect
         try:
-            written = collect(*args.collect, out=args.check)
+            written = collect(records, reliability, scaling[0] if scaling else None,
+                              out=args.check)
         except ValueError as e:
             print(f"GPU records: not collected: {e}", file=sys.stderr)
             return 1
@@ -202,8 +258,12 @@ def main(argv=None) -> int:
         for p in problems:
             print("  - " + p, file=sys.stderr)
         return 1
+    carried = carried_in(args.check)
     n = len(list(args.check.glob("*.json")))
-    print(f"GPU records: {n} fresh and passing (kernel source {source_hash()[:12]})")
+    print(f"GPU records: {n - len(carried)} fresh and passing (kernel source "
+          f"{source_hash()[:12]})" + (f", {len(carried)} carried and passing" if carried else ""))
+    for line in carried:
+        print("  - " + line)
     return 0
 
 

@@ -25,7 +25,9 @@ The story, top to bottom:
      gate is already a failure);
    * a mutant that was killed and now survives (unless marked ``equivalent``: a bug that no
      fp16 output can show, see ``refattn.mutants``);
-   * a GPU record that is stale (hash mismatch) or failing (needs no baseline);
+   * a GPU record that is stale (hash mismatch) or failing (needs no baseline); a *carried*
+     record (``hipkernel.record.freshness``: a two-GPU scaling run of an earlier kernel
+     source, kept across kernel edits) is listed as such and must still pass;
    * a benchmark ratio (peer time / our time, higher is better) that dropped by more than
      :data:`BENCH_WORSE` (15 %).
 
@@ -230,8 +232,8 @@ def _gpu_entry(source: str, rec: dict, current: str | None) -> dict:
     h = rec.get("kernel_source_hash")
     if not isinstance(h, str) or current is None:
         freshness = "unknown"
-    else:
-        freshness = "fresh" if h == current else "stale"
+    else:  # fresh, stale, or carried (a scaling record outlives a kernel edit: hipkernel.record)
+        freshness = importlib.import_module("hipkernel.record").freshness(rec, current)
     problems = [f"missing field {k!r}" for k in ("schema", "kind", "kernel_source_hash", "device", "ok")
                 if k not in rec]
     if freshness == "stale":
@@ -523,11 +525,12 @@ def summarize(doc: dict, findings: list[Finding], baseline_note: str) -> dict:
                      + ("" if k["clean_ok"] else ", clean kernel FAILS"))
     if not doc["kill_matrices"]:
         parts.append("no kill matrix")
-    g = {s: sum(r["freshness"] == s for r in doc["gpu_records"]) for s in ("fresh", "stale", "unknown")}
+    states = ("fresh", "carried", "stale", "unknown")
+    g = {s: sum(r["freshness"] == s for r in doc["gpu_records"]) for s in states}
     g["failing"] = sum(r.get("ok") is False for r in doc["gpu_records"])
     g["total"] = len(doc["gpu_records"])
     if g["total"]:
-        parts.append("GPU records " + ", ".join(f"{g[s]} {s}" for s in ("fresh", "stale", "unknown", "failing")
+        parts.append("GPU records " + ", ".join(f"{g[s]} {s}" for s in (*states, "failing")
                                                 if g[s] or s == "fresh"))
     else:
         parts.append("no GPU records")

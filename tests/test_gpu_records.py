@@ -39,6 +39,24 @@ def test_checker_flags_stale_and_failing_records():
     assert record.check_record({"kind": "matrix"})  # missing fields
 
 
+def test_a_scaling_record_is_carried_across_kernel_edits_and_must_still_pass():
+    """Only the two-GPU scaling record outlives a kernel edit (CARRIED_KINDS): every other
+    kind of another kernel source is stale."""
+    current = record.source_hash()
+    scaling = record.stamp("scaling", "2x NVIDIA H200", {"runs": []}, True)
+    assert record.freshness(scaling, current) == "fresh"
+    scaling["kernel_source_hash"] = "ab" * 32
+    assert record.freshness(scaling, current) == "carried"
+    assert record.check_record(scaling, current) == []
+    assert record.carried_note(scaling).startswith("carried: a scaling run of kernel source abababababab")
+    assert record.check_record({**scaling, "ok": False}, current) == ["the recorded run failed: ok is false"]
+    for kind in ("matrix", "mutants", "measure", "bench", "reliability", "mma_check"):
+        rec = {**scaling, "kind": kind}
+        assert record.freshness(rec, current) == "stale", kind
+        assert any(p.startswith("stale: recorded hash abababababab") for p in
+                   record.check_record(rec, current)), kind
+
+
 def _device_outputs(tmp_path: Path, *, hash_=None, mutants_ok=True) -> tuple[Path, Path, Path]:
     """What the three H200 commands leave behind, in miniature: stamped records of the
     current kernel source (or ``hash_``), scripts/mma_check.py's unstamped JSON, the scaling
@@ -89,6 +107,32 @@ def test_collect_writes_the_records_of_the_runs(tmp_path):
     assert record.main(["--check", str(tmp_path / "cli"), "--collect", str(rec_dir), str(rel_dir),
                         str(scaling)]) == 0
     assert sorted(p.name for p in (tmp_path / "cli").glob("*.json")) == written
+
+
+def test_collect_without_a_scaling_run_keeps_the_committed_one_carried(tmp_path, capsys):
+    """One GPU lent: --collect RECORDS RELIABILITY writes the six one-GPU records and leaves
+    the committed scaling record of an earlier kernel as it is; --check names it carried. A
+    scaling JSON of an earlier kernel handed to --collect is refused: collected is this run."""
+    rec_dir, rel_dir, _ = _device_outputs(tmp_path)
+    out = tmp_path / "gpu"
+    out.mkdir()
+    old = record.stamp("scaling", "2x NVIDIA H200", {"runs": []}, True)
+    old["kernel_source_hash"] = "cd" * 32
+    (out / "scaling-h200x2.json").write_text(json.dumps(old) + "\n")
+    before = (out / "scaling-h200x2.json").read_bytes()
+    assert record.main(["--check", str(out), "--collect", str(rec_dir), str(rel_dir)]) == 0
+    printed = capsys.readouterr().out
+    assert "GPU records: 6 fresh and passing" in printed and "1 carried and passing" in printed
+    assert "scaling-h200x2.json: carried: a scaling run of kernel source cdcdcdcdcdcd" in printed
+    assert (out / "scaling-h200x2.json").read_bytes() == before
+    assert len(list(out.glob("*.json"))) == 7
+    with pytest.raises(ValueError, match=r"scaling-h200x2\.json: carried: .* not a run of the "
+                                         r"current kernel source"):
+        record.collect(rec_dir, rel_dir, out / "scaling-h200x2.json", tmp_path / "other")
+    assert not (tmp_path / "other").exists()
+    with pytest.raises(SystemExit):
+        record.main(["--collect", str(rec_dir)])
+    assert "--collect takes RECORDS RELIABILITY [SCALING], got 1" in capsys.readouterr().err
 
 
 def test_collect_refuses_stale_failing_or_missing_outputs_and_writes_nothing(tmp_path, capsys):

@@ -248,6 +248,29 @@ def test_without_check_regressions_are_reported_but_exit_zero(with_baseline, cap
     assert "GPU records 2 fresh, 1 stale" in doc["summary"]["line"]
 
 
+def test_a_scaling_record_of_an_earlier_kernel_is_carried_and_must_still_pass(
+        with_baseline, capsys, no_matplotlib):
+    """A two-GPU scaling record outlives a kernel edit (hipkernel.record.CARRIED_KINDS): it is
+    reported as carried, not stale; a failing one is still a regression."""
+    from hipkernel import record
+
+    path = with_baseline / "gpu" / "scaling-h200x2.json"
+    rec = record.stamp("scaling", "2x " + FIXTURE_DEVICE, {"runs": []}, True)
+    rec["kernel_source_hash"] = "0" * 64
+    _write(path, rec)
+    rc, out, doc = _report(capsys, with_baseline, "--check")
+    assert rc == 0, out
+    assert "GPU records 3 fresh, 1 carried" in doc["summary"]["line"]
+    g = next(g for g in doc["gpu_records"] if g["file"] == "gpu/scaling-h200x2.json")
+    assert (g["freshness"], g["problems"]) == ("carried", [])
+    md = (with_baseline / "out" / "latest.md").read_text()
+    assert "| gpu/scaling-h200x2.json | scaling | 2x " in md and "| 000000000000 | carried |" in md
+    _edit(path, lambda doc: doc.update(ok=False))
+    rc, out, doc = _report(capsys, with_baseline, "--check")
+    assert rc == 1
+    assert "regression: GPU record failing: gpu/scaling-h200x2.json (scaling, 2x " in out
+
+
 # --------------------------------------------------------------------------- no baseline, bad inputs
 
 def test_without_hipkernel_freshness_is_unknown(with_baseline, capsys, monkeypatch, no_matplotlib):
