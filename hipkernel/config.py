@@ -1,7 +1,7 @@
 """Compile-time configurations of the fused kernel and the launch geometry they imply.
 
-One kernel binary per (path, HEAD_DIM, M_TILES, BKV, WARP_M) (docs/ARCHITECTURE.md, "Kernel ABI";
-the wgmma path also takes KV_STAGES, which follows from the others):
+One kernel binary per (path, HEAD_DIM, M_TILES, BKV, WARP_M, WS) (docs/ARCHITECTURE.md, "Kernel
+ABI"; the wgmma path also takes KV_STAGES, which follows from the others):
 
     path    = "scalar"         kernels/gqa_flash_prefill.hip: fp32 FMAs, every GPU (AMD, NVIDIA)
               "mma"            kernels/gqa_flash_prefill_mma.hip: tensor cores (mma.sync
@@ -14,7 +14,9 @@ the wgmma path also takes KV_STAGES, which follows from the others):
     threads = 32 * M_TILES     scalar: each query row is owned by a pair of adjacent lanes;
               / WARP_M         mma: each warp owns 16 * WARP_M rows (WARP_M = 1 or 2; with 2
                                every K/V fragment read from shared memory feeds two MMAs);
-                               wgmma: each warp 16 rows, each warpgroup 64
+                               wgmma: each warp 16 rows, each warpgroup 64; with ws
+                               (wgmma, m_tiles 8) 128 more: a producer warpgroup that
+                               only streams the K/V tiles in
     grid    = (ceil(Sq / BM), Hq, B)
     BKV                        keys per KV tile, staged in shared memory: static on the
                                scalar and mma paths (48 KiB at most), dynamic on the wgmma
@@ -58,6 +60,17 @@ WGMMA_MAX_STAGES = 6
 # other than the one computed: 2 stages at least.
 WGMMA_MBAR_M_TILES = 16
 WGMMA_MBAR_MIN_STAGES = 2
+# ws: a producer warpgroup loads the stages (on mbarriers too) and gives its registers to the
+# two consumer warpgroups (setmaxnreg: 216 a consumer thread). One block an SM, so the stages
+# may take most of the 227 KiB: at d = 128, 3 stages of 128-key tiles are 192 KiB.
+WGMMA_WS_M_TILES = (8,)
+WGMMA_WS_SMEM_BUDGET = 192 * 1024
+# Lazy rescaling on the wgmma path at d = 64: a warp's rows keep their running max (and acc,
+# l stay relative to it) until one row's grows by more than 2^WGMMA_RESCALE_LOG2, so most
+# tiles skip the acc *= alpha of the online softmax (hipkernel.model mirrors it). On the
+# H200 (wgmma_m16_b64) 16384@0 ran 3.6 % faster (6.319 against 6.552 ms), 512@8192 4 %;
+# at d = 128 (the ws tile) it did not pay (6.346 against 6.311).
+WGMMA_RESCALE_LOG2 = 8
 
 
 def _check_int(name: str, x, allowed) -> int:
@@ -70,13 +83,17 @@ def _check_int(name: str, x, allowed) -> int:
 class KernelConfig:
     """A tile configuration: ``m_tiles`` groups of 16 query rows per block, ``bkv`` keys per
     KV tile, the kernel ``path`` ("scalar", "mma" or "wgmma") that runs it, and (mma only)
-    ``warp_m`` groups of 16 rows per warp. ``warp_m`` changes only which warp computes a row, not the
-    arithmetic: the model (and so every result) depends on ``m_tiles``, ``bkv`` and ``path``."""
+    ``warp_m`` groups of 16 rows per warp, and (wgmma only) ``ws``, a producer warpgroup that
+    streams the K/V tiles in. ``warp_m`` and ``ws`` change only which warp computes a row or
+    loads a tile, not the arithmetic: the model (and so every result) depends on ``m_tiles``,
+    ``bkv`` and ``path``, and on the wgmma path at d = 64 on lazy rescaling
+    (``rescale_log2``)."""
 
     m_tiles: int
     bkv: int
     path: str = "scalar"
     warp_m: int = 1
+    ws: bool = False
 
     def __post_init__(self):
         # 16 groups (512 threads) only on the wgmma path: a warpgroup per 64 rows
@@ -90,6 +107,11 @@ class KernelConfig:
                              f"scalar path gives each row a lane pair), got path {self.path!r}")
         if self.m_tiles % self.warp_m:
             raise ValueError(f"warp_m: {self.warp_m} does not divide m_tiles={self.m_tiles}")
+        if not isinstance(self.ws, bool):
+            raise ValueError(f"ws: expected True or False, got {self.ws!r}")
+        if self.ws and (self.path != "wgmma" or self.m_tiles not in WGMMA_WS_M_TILES):
+            raise ValueError(f"ws: a producer warpgroup needs path 'wgmma' and m_tiles in "
+                             f"{WGMMA_WS_M_TILES}, got path {self.path!r}, m_tiles {self.m_tiles}")
         if self.path == "wgmma":
             if self.m_tiles not in _WGMMA_M_TILES:
                 raise ValueError(f"m_tiles: path 'wgmma' computes 64 rows a warpgroup and needs "
@@ -104,16 +126,20 @@ class KernelConfig:
 
     @property
     def threads(self) -> int:
-        """Threads per block: scalar, two lanes per query row; mma, a warp per 16 * warp_m rows."""
-        return 32 * self.m_tiles // self.warp_m
+        """Threads per block: scalar, two lanes per query row; mma, a warp per 16 * warp_m rows;
+        wgmma, a warp per 16 rows and, with ws, the producer warpgroup."""
+        return 32 * self.m_tiles // self.warp_m + (128 if self.ws else 0)
 
     @property
     def name(self) -> str:
-        """Short id, e.g. ``m4_b64`` (scalar), ``mma_m4_b64``, ``mma_m8_b64_w2`` (warp_m 2)."""
+        """Short id, e.g. ``m4_b64`` (scalar), ``mma_m4_b64``, ``mma_m8_b64_w2`` (warp_m 2),
+        ``wgmma_m8_b64_ws`` (a producer warpgroup)."""
         base = f"m{self.m_tiles}_b{self.bkv}"
         if self.path != "scalar":
             base = f"{self.path}_{base}"
-        return base if self.warp_m == 1 else f"{base}_w{self.warp_m}"
+        if self.warp_m != 1:
+            base = f"{base}_w{self.warp_m}"
+        return f"{base}_ws" if self.ws else base
 
     def grid(self, Sq: int, Hq: int, B: int) -> tuple[int, int, int]:
         """Launch grid ``(ceil(Sq / BM), Hq, B)``."""
@@ -125,11 +151,12 @@ class KernelConfig:
     def kv_stages(self, d: int) -> int:
         """K/V tile buffers of the kernel: the mma path double-buffers (cp.async) when two
         stages fit in static shared memory; the wgmma path keeps as many as fit in
-        WGMMA_SMEM_BUDGET, up to WGMMA_MAX_STAGES; the scalar path has one."""
+        WGMMA_SMEM_BUDGET (WGMMA_WS_SMEM_BUDGET with ws), up to WGMMA_MAX_STAGES; the scalar
+        path has one."""
         if self.path == "scalar":
             return 1
         if self.path == "wgmma":
-            return max(1, min(WGMMA_MAX_STAGES, WGMMA_SMEM_BUDGET // self._kv_tile_bytes(d)))
+            return max(1, min(WGMMA_MAX_STAGES, self._smem_limit // self._kv_tile_bytes(d)))
         return 2 if 2 * self._kv_tile_bytes(d) <= SMEM_LIMIT else 1
 
     def _kv_tile_bytes(self, d: int) -> int:
@@ -152,21 +179,29 @@ class KernelConfig:
         shared memory is static)."""
         return self.smem_bytes(d) + 16 * self.kv_stages(d) if self.path == "wgmma" else 0
 
+    def rescale_log2(self, d: int) -> int:
+        """The lazy-rescaling threshold at head dim ``d`` (``WGMMA_RESCALE_LOG2`` on the
+        wgmma path at d = 64, else 0: every tile rescales). It changes the rounding, so the
+        model follows it."""
+        return WGMMA_RESCALE_LOG2 if self.path == "wgmma" and d == 64 else 0
+
     def fits(self, d: int) -> bool:
         """Whether this config compiles at head dim ``d``: its shared memory fits (48 KiB
-        of static memory; on the wgmma path, its minimum of K/V stages in
-        WGMMA_SMEM_BUDGET: 2 with four warpgroups, else 1)."""
+        of static memory; on the wgmma path, its minimum of K/V stages in its budget: 2 on
+        mbarriers (four warpgroups, or ws), else 1)."""
         if self.path == "wgmma":
-            return self._wgmma_min_stages * self._kv_tile_bytes(d) <= WGMMA_SMEM_BUDGET
+            return self._wgmma_min_stages * self._kv_tile_bytes(d) <= self._smem_limit
         return self.smem_bytes(d) <= self._smem_limit
 
     @property
     def _wgmma_min_stages(self) -> int:
-        return WGMMA_MBAR_MIN_STAGES if self.m_tiles >= WGMMA_MBAR_M_TILES else 1
+        return WGMMA_MBAR_MIN_STAGES if self.m_tiles >= WGMMA_MBAR_M_TILES or self.ws else 1
 
     @property
     def _smem_limit(self) -> int:
-        return WGMMA_SMEM_BUDGET if self.path == "wgmma" else SMEM_LIMIT
+        if self.path != "wgmma":
+            return SMEM_LIMIT
+        return WGMMA_WS_SMEM_BUDGET if self.ws else WGMMA_SMEM_BUDGET
 
     def defines(self, d: int) -> dict[str, int]:
         """The ``-D`` macros that compile this config at head dim ``d``."""
@@ -184,6 +219,10 @@ class KernelConfig:
             defines["WARP_M"] = self.warp_m
         if self.path == "wgmma":
             defines["KV_STAGES"] = self.kv_stages(d)
+        if self.ws:
+            defines["WS"] = 1
+        if self.rescale_log2(d):
+            defines["RESCALE_LOG2"] = self.rescale_log2(d)
         return defines
 
 
@@ -201,17 +240,21 @@ MMA_CANDIDATES = tuple(KernelConfig(m, b, "mma") for m, b in ((4, 64), (4, 32), 
 MMA_WIDE_CANDIDATES = tuple(KernelConfig(m, b, "mma", 2) for m, b in ((8, 64), (8, 32), (4, 64)))
 WIDE_HEAD_DIMS = (64,)
 
-# wgmma: at d = 64 four warpgroups a block (256 rows) on 64-key tiles, 6 stages (96 KiB);
-# at d = 128 two warpgroups on 64-key tiles, 3 stages. On the H200, same process and inputs
-# (kernel-only, back-to-back launches), against the best mma config:
+# wgmma: at d = 64 four warpgroups a block (256 rows) on 64-key tiles, 6 stages (96 KiB),
+# each thread loading its share; at d = 128 two warpgroups on 128-key tiles and a producer
+# warpgroup, 3 stages (192 KiB). On the H200, same process and inputs (kernel-only,
+# back-to-back launches), against the best mma config:
 #   d 64   512@8192  m16_b64 0.2354 ms, m8_b64 0.2787, 128-key m8 0.3268; mma 0.2467
 #          16384@0   m16_b64 7.049,     m8_b64 8.159,  128-key m8 9.370;  mma 7.593
 #   d 128  512@8192  m8_b64  0.2831,    m8_b32 0.3017;                    mma 0.3059
 #          16384@0   m8_b64  8.284,     m8_b32 8.981;                     mma 8.979
+# and later (mbarriers for m16, then ws): d 64 m16_b64 6.74 ms at 16384@0, against 8.05 for
+# m12 with a producer and 8.45 for m8_b128 with one; d 128 m8_b128_ws 6.31 ms, m8_b64_ws
+# 7.13 (6 stages), m8_b64 8.27 (0.2306, 0.2474 and 0.2829 ms at 512@8192).
 # One warpgroup a block (m4) ran 1.4-1.8x slower than two (twice the K/V traffic per row).
 # With 128 registers a thread (m16 at d = 64: 512 threads, one block an SM) 128-key tiles
 # spill; at m8 they take ~210 registers and one block an SM, slower than 64-key ones.
-WGMMA_BY_HEAD_DIM = {64: KernelConfig(16, 64, "wgmma"), 128: KernelConfig(8, 64, "wgmma")}
+WGMMA_BY_HEAD_DIM = {64: KernelConfig(16, 64, "wgmma"), 128: KernelConfig(8, 128, "wgmma", ws=True)}
 WGMMA_CANDIDATES = tuple(WGMMA_BY_HEAD_DIM.values())
 
 DEFAULT = KernelConfig(4, 64)

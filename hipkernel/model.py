@@ -38,6 +38,13 @@ KV tiles t = t0 .. ceil(kv_end / BKV) - 1, keys j in [t*BKV, t*BKV + BKV):
           acc   = acc * alpha + sum_j p_j * v_j
           m     = m_new
 
+Lazy rescaling (the wgmma path at d = 64: T = ``config.rescale_log2(d)`` > 0): the 16 rows
+of a warp (rows [i0 + 16 w, i0 + 16 w + 16) of the Q tile) take m_new = m, so alpha = 1 and
+acc, l stay relative to the old m, unless one of them has max_j s2_j > m + T; then all 16
+update as above. So p_j <= 2^T, and a row that has seen nothing (m = -inf) always updates
+once it sees a key. The kernel's rows past Sq (zero queries) vote too, which the model
+leaves out: that only moves a rescale, which changes rounding, not the result.
+
 Epilogue, with the sink folded in once, in exp2 space. sink_mode 1 (per head):
 sigma = sink[h] (fp16, natural-log units, neither scaled nor softcapped); 2 (smooth):
 sigma = 0; 0: no sink term.
@@ -133,6 +140,7 @@ def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str]) -> np.ndar
     B, Sq, Hq, Hkv, d, G = a.B, a.Sq, a.Hq, a.Hkv, a.d, a.G
     BM, BKV = config.block_rows, config.bkv
     p_fp16 = config.path in TENSOR_CORE_PATHS  # P rounded to fp16 before P.V, as the tensor cores take it
+    lazy = config.rescale_log2(a.d)  # 0: every tile rescales
     S_cap, skv, W = k.shape[2], a.skv, a.window
     past = 0 if "past_len_ignored" in mut else a.past_len  # p = i: top-left alignment
     c2 = _F32(a.scale) * LOG2E  # the kernel gets scale as a float and multiplies in fp32
@@ -193,6 +201,10 @@ def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str]) -> np.ndar
                 s[..., ~vis] = _NEG_INF
             # online softmax with the NaN guard
             m_new = np.maximum(m, s.max(axis=-1))
+            if lazy:  # a warp's 16 rows keep m unless one's max grows by more than 2^lazy
+                grow = np.pad(m_new > m + lazy, [(0, 0)] * 3 + [(0, -R % 16)])
+                grow = grow.reshape(B, Hkv, G, -1, 16).any(axis=-1).repeat(16, axis=-1)[..., :R]
+                m_new = np.where(grow, m_new, m)
             guard = None if "no_nan_guard" in mut else np.isneginf(m_new)
             if guard is not None and guard.any():
                 m_ref = np.where(guard, _F32(0), m_new)  # any finite value: those rows are restored

@@ -84,17 +84,18 @@ def _case_config(case: Case) -> KernelConfig | None:
                         case.config.get("bkv", DEFAULT.bkv), case.config.get("path", DEFAULT.path))
 
 
-_CONFIG_NAME = re.compile(r"(?:([a-z]+)_)?m(\d+)_b(\d+)(?:_w(\d+))?")
+_CONFIG_NAME = re.compile(r"(?:([a-z]+)_)?m(\d+)_b(\d+)(?:_w(\d+))?(_ws)?")
 
 
 def config_from_name(name: str) -> KernelConfig:
-    """The inverse of ``KernelConfig.name``: ``"m4_b64"`` (scalar), ``"mma_m4_b64"`` or
-    ``"mma_m8_b64_w2"``."""
+    """The inverse of ``KernelConfig.name``: ``"m4_b64"`` (scalar), ``"mma_m4_b64"``,
+    ``"mma_m8_b64_w2"`` or ``"wgmma_m8_b64_ws"``."""
     m = _CONFIG_NAME.fullmatch(str(name))
     if m is None:
-        raise ValueError(f"config: expected a config name like m4_b64, mma_m4_b64 or "
-                         f"mma_m8_b64_w2, got {name!r}")
-    return KernelConfig(int(m.group(2)), int(m.group(3)), m.group(1) or "scalar", int(m.group(4) or 1))
+        raise ValueError(f"config: expected a config name like m4_b64, mma_m4_b64, "
+                         f"mma_m8_b64_w2 or wgmma_m8_b64_ws, got {name!r}")
+    return KernelConfig(int(m.group(2)), int(m.group(3)), m.group(1) or "scalar", int(m.group(4) or 1),
+                        m.group(5) is not None)
 
 
 def _supported(case: Case) -> bool:

@@ -33,7 +33,7 @@ from pathlib import Path
 from hipkernel import api
 from hipkernel.adapter import HipKernel
 from hipkernel.config import (CANDIDATES, MMA_CANDIDATES, MMA_DEFAULT, MMA_WIDE_CANDIDATES,
-                              WGMMA_CANDIDATES, KernelConfig)
+                              WGMMA_CANDIDATES, WGMMA_WS_M_TILES, KernelConfig)
 
 # Every tensor-core config the checks force: mma with one warp per 16 rows and with 32 rows a
 # warp (warp_m = 2), and wgmma (a warpgroup per 64 rows). --configs narrows it.
@@ -61,6 +61,7 @@ class ForcedKernel(HipKernel):
         if c["path"] == "wgmma":  # 64 rows a warpgroup: keep the case's tiles where allowed
             c["m_tiles"] = c["m_tiles"] if c["m_tiles"] in (4, 8) else self.cfg.m_tiles
             c["bkv"] = c["bkv"] if c["bkv"] in (32, 64, 128) else self.cfg.bkv
+            c["ws"] = self.cfg.ws and c["m_tiles"] in WGMMA_WS_M_TILES  # a producer where it fits
         status, out = api.attention(inputs.q, inputs.k, inputs.v, out=inputs.out, config=c,
                                     backend=self._backend or "cuda", mutants=self.mutants,
                                     **self._kw(inputs))
@@ -180,12 +181,12 @@ def section_sweep(out: Path) -> list:
 
 def section_mutants(out: Path) -> dict:
     """The kill matrix with a tensor-core path forced (case tiles kept where allowed): at
-    MMA_DEFAULT, the first 32-rows-a-warp config and the first wgmma config."""
+    MMA_DEFAULT, the first 32-rows-a-warp config and each head dim's wgmma config."""
     from refattn.cases import load_suites
     from refattn.killmatrix import format_grid, run_kill_matrix
 
     doc = {}
-    for cfg in (MMA_DEFAULT, MMA_WIDE_CANDIDATES[0], WGMMA_CANDIDATES[0]):
+    for cfg in (MMA_DEFAULT, MMA_WIDE_CANDIDATES[0], *WGMMA_CANDIDATES):
         if cfg not in MMA_ALL:
             continue  # narrowed away by --configs
         km = run_kill_matrix(lambda mutants, cfg=cfg: ForcedKernel(cfg, mutants=mutants),
@@ -198,11 +199,11 @@ def section_mutants(out: Path) -> dict:
 
 
 def _compile_one(job) -> str:
-    path, d, m_tiles, bkv, mutants, mb, warp_m = job
+    path, d, m_tiles, bkv, mutants, mb, warp_m, ws = job
     from hipkernel.backends import get_backend
 
     be = get_backend("cuda")
-    cfg = KernelConfig(m_tiles, bkv, path, warp_m)
+    cfg = KernelConfig(m_tiles, bkv, path, warp_m, ws)
     t0 = time.perf_counter()
     defines = dict(api.kernel_defines(d, cfg, mutants))
     if mb is not None:
@@ -225,7 +226,7 @@ def prewarm(sections) -> None:
     none = frozenset()
 
     def job(cfg: KernelConfig, d: int, mutants=none, mb=None) -> tuple:
-        return (cfg.path, d, cfg.m_tiles, cfg.bkv, mutants, mb, cfg.warp_m)
+        return (cfg.path, d, cfg.m_tiles, cfg.bkv, mutants, mb, cfg.warp_m, cfg.ws)
 
     # the mma tiles the matrix and the kill matrix reach: every candidate, and the cases' own
     # tiles (m1_b32, m4_b32, m4_b64) under each warp_m they allow
@@ -245,7 +246,8 @@ def prewarm(sections) -> None:
         jobs |= {job(KernelConfig(4, b), d) for d in (64, 128) for b in (32, 64)}
         jobs |= {job(c, d, mb=mb) for d, c, mb in _sweep_jobs()}
     if "mutants" in sections:
-        jobs |= {job(c, d, frozenset({mu.name})) for d in (64, 128) for c in case_tiles
+        jobs |= {job(c, d, frozenset({mu.name})) for d in (64, 128)
+                 for c in case_tiles + [w for w in WGMMA_CANDIDATES if w in MMA_ALL] if c.fits(d)
                  for mu in MUTANTS}
         jobs |= {job(c, d) for d in (64, 128) for c in mma_tiles if c.fits(d)}
     if "records" in sections:  # what hipkernel.gpu_session compiles: every candidate, and

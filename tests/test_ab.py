@@ -21,7 +21,8 @@ def test_parse_variant():
                                                     KernelConfig(16, 64, "wgmma"), {})
     v = ab.parse_variant("deep=wip/x~1@wgmma_m16_b64+KV_STAGES=4+LOOKAHEAD=1")
     assert (v.label, v.rev, v.macros) == ("deep", "wip/x~1", {"KV_STAGES": 4, "LOOKAHEAD": 1})
-    assert v.defines(64) == {"HEAD_DIM": 64, "M_TILES": 16, "BKV": 64, "KV_STAGES": 4, "LOOKAHEAD": 1}
+    assert v.defines(64) == {"HEAD_DIM": 64, "M_TILES": 16, "BKV": 64, "KV_STAGES": 4, "LOOKAHEAD": 1,
+                              "RESCALE_LOG2": 8}
     # KV_STAGES resizes the dynamic shared memory: 4 x (a 64-key K and V tile + 16 bytes)
     assert v.shared_mem(64) == 4 * (2 * 64 * 64 * 2 + 16)
     assert ab.parse_variant(".@wgmma_m16_b64").shared_mem(64) == KernelConfig(16, 64, "wgmma").dynamic_smem_bytes(64)
@@ -163,3 +164,15 @@ def test_cli_names_a_bad_argument(capsys):
     with pytest.raises(SystemExit) as e:
         ab.main(["--help"])
     assert e.value.code == 0 and "REV@CONFIG" in capsys.readouterr().out
+
+
+def test_run_launches_a_ws_variant_with_its_producer_and_stages():
+    """A ws config (a producer warpgroup): 128 more threads, -DWS=1, its 192 KiB of stages,
+    and the same bits as the plain tile it shares keys with (the producer only loads)."""
+    be = ModelBackend(arch="sm_90")
+    variants = [ab.parse_variant(s) for s in (".@wgmma_m8_b128_ws", "plain=.@wgmma_m8_b128")]
+    doc = ab.run(be, variants, [parse_shape("d128-40@24")], passes=1, n=2, reps=1, log=lambda s: None)
+    ws = [l for l in be.launches if l["kernel"].get("WS") == 1]
+    assert ws and all(l["block"] == (384, 1, 1) and l["shared_mem"] == 3 * (64 * 1024 + 16) for l in ws)
+    rows = {r["variant"]: r for r in doc["rows"]}
+    assert rows["plain"]["bit_identical"] is True and rows[".@wgmma_m8_b128_ws"]["rel_l2"] < 2e-3

@@ -193,11 +193,24 @@ def test_wgmma_config_needs_an_sm90_target():
                                     config={"path": "wgmma", "m_tiles": 8, "bkv": 64}, **geom) == 0
         assert sources == [api.kernel_source("wgmma")], f"{arch}: not compiled from the wgmma source"
         launch = be.launches[-1]
-        assert launch["kernel"] == {"HEAD_DIM": 64, "M_TILES": 8, "BKV": 64, "KV_STAGES": 6}
+        assert launch["kernel"] == {"HEAD_DIM": 64, "M_TILES": 8, "BKV": 64, "KV_STAGES": 6,
+                                    "RESCALE_LOG2": 8}
         assert launch["block"] == (256, 1, 1) and launch["grid"] == (1, 8, 1)
         # its K/V stages are dynamic shared memory, passed at launch: 6 x 16 KiB, and 6 x 16
         # bytes of mbarriers
         assert launch["shared_mem"] == KernelConfig(8, 64, "wgmma").dynamic_smem_bytes(64) == 98400
+        # with a producer warpgroup (a config dict says ws): 128 more threads, -DWS=1, and
+        # its own stage budget at d = 128 (3 x 64 KiB of 128-key tiles)
+        geom128 = {**geom, "d": 128}
+        assert api.flash_prefill_v3(be, 0x100, 0x200, 0x300, 0, 0x500, **geom128,
+                                    config={"path": "wgmma", "m_tiles": 8, "bkv": 128, "ws": True}) == 0
+        launch = be.launches[-1]
+        assert launch["kernel"] == {"HEAD_DIM": 128, "M_TILES": 8, "BKV": 128, "KV_STAGES": 3, "WS": 1}
+        assert launch["block"] == (384, 1, 1) and launch["grid"] == (1, 8, 1)
+        assert launch["shared_mem"] == 3 * 64 * 1024 + 3 * 16
+    with pytest.raises(ValueError, match="^config: ws: "):  # a producer on the mma path
+        api.flash_prefill_v3(RecordingBackend(arch="sm_90"), 0x100, 0x200, 0x300, 0, 0x500,
+                             config={"path": "mma", "m_tiles": 8, "bkv": 64, "ws": True}, **geom)
     # the other paths' shared memory is static: none passed
     be = RecordingBackend(arch="sm_90")
     for cfg in ({"path": "mma", "m_tiles": 4, "bkv": 64}, {"m_tiles": 4, "bkv": 64}):

@@ -426,8 +426,9 @@ def _require_nvrtc_sm90a() -> None:
 
 def test_real_wgmma_kernel_sm90a(tmp_path):
     """The real check of the wgmma path for sm_90a at its tile of each head dim (wgmma_m16_b64
-    at d=64, wgmma_m8_b64 at d=128): compiles, no spill, and no static shared memory (its
-    K/V stages are the dynamic shared memory KernelConfig.dynamic_smem_bytes sizes)."""
+    at d=64, wgmma_m8_b128_ws at d=128): compiles, no spill, and no static shared memory (its
+    K/V stages are the dynamic shared memory KernelConfig.dynamic_smem_bytes sizes: 96 KiB
+    of stages, 192 KiB with a producer warpgroup, and 16 bytes of mbarriers a stage)."""
     _require_nvrtc_sm90a()
     from hipkernel import api
     from hipkernel.config import WGMMA_BY_HEAD_DIM
@@ -445,12 +446,14 @@ def test_real_wgmma_kernel_sm90a(tmp_path):
         cfg = WGMMA_BY_HEAD_DIM[r["d"]]
         assert r["spills"] == 0 and 0 < r["regs"] <= 255, r
         assert r["smem"] == 0, r
-        assert cfg.dynamic_smem_bytes(r["d"]) == 96 * 1024 + 16 * cfg.kv_stages(r["d"]), r
+        stages = (192 if cfg.ws else 96) * 1024
+        assert cfg.dynamic_smem_bytes(r["d"]) == stages + 16 * cfg.kv_stages(r["d"]), r
 
 
 def test_every_wgmma_tile_compiles_with_dynamic_shared_memory_only():
-    """Every wgmma tile that fits (m_tiles 4/8/16 x bkv 32/64/128 x each head dim, with the
-    KV_STAGES its config gives) compiles for sm_90a with no static shared memory; the ones
+    """Every wgmma tile that fits (m_tiles 4/8/16 x bkv 32/64/128 x each head dim, and m_tiles
+    8 with a producer warpgroup, with the KV_STAGES its config gives) compiles for sm_90a
+    with no static shared memory; the ones
     the tuner offers do not spill (four warpgroups at d = 128 do: 128 registers a thread
     cannot hold their accumulators, which is why d = 128 gets two)."""
     _require_nvrtc_sm90a()
@@ -459,6 +462,7 @@ def test_every_wgmma_tile_compiles_with_dynamic_shared_memory_only():
 
     tiles = [(d, KernelConfig(m, b, "wgmma")) for d in HEAD_DIMS for m in (4, 8, 16)
              for b in (32, 64, 128)]
+    tiles += [(d, KernelConfig(8, b, "wgmma", ws=True)) for d in HEAD_DIMS for b in (32, 64, 128)]
     # one stage of the biggest is 64 KiB of 96; four warpgroups need two (mbarrier pipeline)
     assert [(d, c.name) for d, c in tiles if not c.fits(d)] == [(128, "wgmma_m16_b128")]
     tiles = [(d, c) for d, c in tiles if c.fits(d)]

@@ -399,8 +399,13 @@ def test_fuzz_covers_the_mma_path_where_the_arch_has_it():
     assert reliability.config_from_name("m1_b32") == KernelConfig(1, 32)
     wide = KernelConfig(8, 64, "mma", 2)
     assert reliability.config_from_name(wide.name) == wide
-    with pytest.raises(ValueError, match="^config"):
-        reliability.config_from_name("mma_m8_b64_x2")
+    ws = KernelConfig(8, 64, "wgmma", ws=True)
+    assert reliability.config_from_name(ws.name) == ws
+    for bad in ("mma_m8_b64_x2", "wgmma_m8_b64_ws2"):
+        with pytest.raises(ValueError, match="^config"):
+            reliability.config_from_name(bad)
+    with pytest.raises(ValueError, match="^ws: "):  # the name parses; the config is refused
+        reliability.config_from_name("mma_m8_b64_ws")
 
 
 def test_fuzz_failures_carry_a_geometry_that_reproduces_them():

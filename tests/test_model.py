@@ -15,11 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hipkernel import model
+from hipkernel import api, model
+from hipkernel import config as config_module
 from hipkernel.config import (CANDIDATES, DEFAULT, HEAD_DIMS, MMA_CANDIDATES, MMA_WIDE_CANDIDATES,
                               WGMMA_BY_HEAD_DIM, WGMMA_CANDIDATES, WGMMA_MAX_STAGES,
-                              WGMMA_SMEM_BUDGET, KernelConfig, candidates, compiled_variants,
-                              default_config, has_mma, has_wgmma)
+                              WGMMA_RESCALE_LOG2, WGMMA_SMEM_BUDGET, KernelConfig, candidates,
+                              compiled_variants, default_config, has_mma, has_wgmma)
 from refattn import reference
 from refattn.mutants import MUTANTS, by_name
 
@@ -369,7 +370,8 @@ def test_wgmma_config_geometry_and_shared_memory():
     assert c.grid(Sq=129, Hq=64, B=2) == (2, 64, 2) and c16.grid(Sq=257, Hq=64, B=1) == (2, 64, 1)
     assert (WGMMA_SMEM_BUDGET, WGMMA_MAX_STAGES) == (96 * 1024, 6)
     # 64-key tiles at d = 64: 16 KiB a stage, 6 stages = the whole 96 KiB budget
-    assert c16.defines(64) == {"HEAD_DIM": 64, "M_TILES": 16, "BKV": 64, "KV_STAGES": 6}
+    assert c16.defines(64) == {"HEAD_DIM": 64, "M_TILES": 16, "BKV": 64, "KV_STAGES": 6,
+                             "RESCALE_LOG2": 8}
     # ... and after the stages two mbarriers a stage (16 bytes), reserved on every wgmma tile
     assert (c16.kv_stages(64), c16.smem_bytes(64), c16.dynamic_smem_bytes(64)) == (6, 98304, 98304 + 96)
     # 64-key tiles at d = 128: 32 KiB a stage, 3 stages
@@ -387,8 +389,9 @@ def test_wgmma_config_geometry_and_shared_memory():
     with pytest.raises(ValueError, match="^bkv: 128 keys at d=128 need 131072 bytes of dynamic"):
         KernelConfig(16, 128, "wgmma").defines(128)
     assert all(w.fits(d) for d, w in WGMMA_BY_HEAD_DIM.items())
-    assert WGMMA_CANDIDATES == (KernelConfig(16, 64, "wgmma"), KernelConfig(8, 64, "wgmma"))
-    assert {d: w.name for d, w in WGMMA_BY_HEAD_DIM.items()} == {64: "wgmma_m16_b64", 128: "wgmma_m8_b64"}
+    assert WGMMA_CANDIDATES == (KernelConfig(16, 64, "wgmma"), KernelConfig(8, 128, "wgmma", ws=True))
+    assert {d: w.name for d, w in WGMMA_BY_HEAD_DIM.items()} == {64: "wgmma_m16_b64",
+                                                                 128: "wgmma_m8_b128_ws"}
     # the other paths: static shared memory, none passed at launch
     for other in (KernelConfig(4, 64), KernelConfig(4, 64, "mma"), KernelConfig(8, 64, "mma", 2)):
         assert other.dynamic_smem_bytes(64) == 0 and "KV_STAGES" not in other.defines(64)
@@ -404,6 +407,38 @@ def test_wgmma_shared_memory_over_the_budget_is_refused(monkeypatch):
     with pytest.raises(ValueError, match=r"^bkv: 128 keys at d=128 need 65536 bytes of "
                                          r"dynamic shared memory, over the 49152 byte limit"):
         big.defines(128)
+
+
+def test_ws_config_geometry_and_shared_memory():
+    """ws (a producer warpgroup): 128 more threads, the same rows a block, stages in its own
+    192 KiB budget (6 of 32 KiB at d = 128 with 64-key tiles), on mbarriers (2 at least),
+    -DWS=1, and a name that says so. The arithmetic is the config without it: same model."""
+    c = KernelConfig(8, 64, "wgmma", ws=True)
+    plain = KernelConfig(8, 64, "wgmma")
+    assert (c.name, c.threads, c.block_rows) == ("wgmma_m8_b64_ws", 384, 128)
+    assert c.grid(1000, 64, 2) == plain.grid(1000, 64, 2) == (8, 64, 2)
+    assert (c.kv_stages(128), c.smem_bytes(128)) == (6, 6 * 2 * 64 * 128 * 2) == (6, 192 * 1024)
+    assert c.dynamic_smem_bytes(128) == 192 * 1024 + 6 * 16
+    assert c.defines(128) == {"HEAD_DIM": 128, "M_TILES": 8, "BKV": 64, "KV_STAGES": 6, "WS": 1}
+    assert "WS" not in plain.defines(128) and plain.kv_stages(128) == 3
+    # 128-key tiles at d = 128 (the tuner's ws tile) are 64 KiB a stage: three fit in 192 KiB
+    # (plain: one in 96)
+    big = KernelConfig(8, 128, "wgmma", ws=True)
+    assert (big.kv_stages(128), big.fits(128), big.name) == (3, True, "wgmma_m8_b128_ws")
+    assert big.dynamic_smem_bytes(128) == 3 * 64 * 1024 + 3 * 16 == 196656
+    assert api.kernel_defines(128, c) == {**c.defines(128)}  # no mutants: the config's macros
+
+
+@pytest.mark.parametrize("kw", [
+    dict(m_tiles=8, bkv=64, path="mma", ws=True),     # the mma path has no producer
+    dict(m_tiles=4, bkv=64, ws=True),                 # the scalar path neither
+    dict(m_tiles=16, bkv=64, path="wgmma", ws=True),  # 640 threads: 112 registers a consumer
+    dict(m_tiles=4, bkv=64, path="wgmma", ws=True),   # not measured: not offered
+    dict(m_tiles=8, bkv=64, path="wgmma", ws=1),      # a bool, not a truthy int
+])
+def test_ws_config_validation(kw):
+    with pytest.raises(ValueError, match="^ws: "):
+        KernelConfig(**kw)
 
 
 def test_m_tiles_16_is_for_wgmma_only():
@@ -443,9 +478,10 @@ def test_has_wgmma_truth_table(arch, mma, wgmma):
 def test_wgmma_candidates_only_on_sm90():
     """On sm_90 each head dim's sweep ends with its wgmma tile; sm_80 and AMD get none."""
     assert candidates("sm_90", 64)[-1].name == "wgmma_m16_b64"
-    assert candidates("sm_90", 128)[-1].name == "wgmma_m8_b64"
+    assert candidates("sm_90", 128)[-1].name == "wgmma_m8_b128_ws"
     assert [c.name for c in candidates("sm_90a", 64) if c.path == "wgmma"] == ["wgmma_m16_b64"]
-    assert [c.name for c in candidates("sm_90") if c.path == "wgmma"] == ["wgmma_m16_b64", "wgmma_m8_b64"]
+    assert [c.name for c in candidates("sm_90") if c.path == "wgmma"] == ["wgmma_m16_b64",
+                                                                           "wgmma_m8_b128_ws"]
     for arch in ("sm_80", "sm_89", "sm_100", "gfx942", "gfx1151"):
         for d in (None, *HEAD_DIMS):
             assert not [c.name for c in candidates(arch, d) if c.path == "wgmma"], (arch, d)
@@ -458,19 +494,20 @@ def test_compiled_variants_hold_both_wgmma_tiles():
     tile at its own head dim, and nothing that overflows shared memory."""
     variants = compiled_variants()
     assert [(d, c.name) for d, c in variants if c.path == "wgmma"] == [
-        (64, "wgmma_m16_b64"), (128, "wgmma_m8_b64")]
+        (64, "wgmma_m16_b64"), (128, "wgmma_m8_b128_ws")]
     assert variants == [(d, c) for d in HEAD_DIMS for c in candidates("sm_90a", d)]
     assert all(c.fits(d) for d, c in variants)
     assert len(set(variants)) == len(variants)
 
 
 @pytest.mark.parametrize("d, bkv, m_wg", [(64, 64, 8), (128, 32, 8), (64, 64, 16), (128, 64, 8)])
-def test_wgmma_model_is_the_mma_model(d, bkv, m_wg):
+def test_wgmma_model_is_the_mma_model(d, bkv, m_wg, monkeypatch):
     """The model of "wgmma" is the model of "mma" at the same key tiles (P rounded to fp16
-    before P.V, the same KV walk): bitwise equal output, with a sink, a window and a ragged
-    tail, also with four warpgroups a block (256 rows; the extra tiles its start clamp walks
-    are invisible to the rows that did not need them). Against the scalar path they differ
-    by that rounding only."""
+    before P.V, the same KV walk) but for lazy rescaling (off here; see the next test):
+    bitwise equal output, with a sink, a window and a ragged tail, also with four warpgroups
+    a block (256 rows; the extra tiles its start clamp walks are invisible to the rows that
+    did not need them). Against the scalar path they differ by that rounding only."""
+    monkeypatch.setattr(config_module, "WGMMA_RESCALE_LOG2", 0)
     s = Shape("wgmma", B=2, Sq=300, Hq=8, Hkv=2, d=d, past=83, window=70, sink="per_head", seed=3)
     wg = run_model(replace(s, config=KernelConfig(m_wg, bkv, "wgmma")))
     mma = run_model(replace(s, config=KernelConfig(8, bkv, "mma")))
@@ -481,6 +518,61 @@ def test_wgmma_model_is_the_mma_model(d, bkv, m_wg):
     assert not np.array_equal(wg, scalar)  # the fp16 P rounding is there
     assert rel_l2(wg, scalar) < 2e-3
     assert_close(wg, run_reference(s))
+
+
+def test_lazy_rescaling_is_the_wgmma_d64_rule():
+    """Lazy rescaling is on for the wgmma path at d = 64 only, and reaches the kernel as
+    RESCALE_LOG2; elsewhere the macro is absent (the kernel's default, 0)."""
+    for cfg in (KernelConfig(16, 64, "wgmma"), KernelConfig(4, 32, "wgmma"), KernelConfig(8, 64, "wgmma", ws=True)):
+        assert cfg.rescale_log2(64) == WGMMA_RESCALE_LOG2 == 8
+        assert cfg.defines(64)["RESCALE_LOG2"] == 8
+        assert cfg.rescale_log2(128) == 0 and "RESCALE_LOG2" not in cfg.defines(128)
+    for cfg in (DEFAULT, KernelConfig(4, 64, "mma"), KernelConfig(8, 64, "mma", 2)):
+        assert cfg.rescale_log2(64) == 0 and "RESCALE_LOG2" not in cfg.defines(64)
+
+
+# Keys whose logits climb along the sequence (k_j scaled by 1 + j / 16): a row's max grows
+# by far more than 2^8 over its tiles, so the lazy model both defers and rescales.
+def _climbing(s: Shape):
+    q, k, v, sink = make(s)
+    k = (k.astype(np.float32) * (1 + np.arange(k.shape[2]) / 16)[:, None]).astype(np.float16)
+    return q, k, v, sink
+
+
+def test_lazy_rescaling_model(monkeypatch):
+    """The wgmma model at d = 64 keeps a warp's max while no row's grows by more than 2^8:
+    it matches the reference, differs from eager rescaling only by rounding, and really
+    defers (with a threshold of 2^1000 the climbing maxima overflow p = exp2(s2 - m) to inf,
+    which the eager model never sees)."""
+    s = Shape("lazy", Sq=200, Hq=4, Hkv=2, past=120, sink="per_head", q_scale=2.0,
+              config=KernelConfig(16, 64, "wgmma"), seed=5)
+    q, k, v, sink = _climbing(s)
+    kw = dict(kwargs(s, sink), config=s.config)
+    expected = reference.attention(q, k[:, :, :s.skv], v[:, :, :s.skv], dtype=np.float64,
+                                   **kwargs(s, sink))
+    lazy = model.attention(q, k, v, **kw)
+    assert_close(lazy, expected)
+    monkeypatch.setattr(config_module, "WGMMA_RESCALE_LOG2", 0)
+    eager = model.attention(q, k, v, **kw)
+    assert_close(eager, expected)
+    assert not np.array_equal(lazy, eager)
+    assert rel_l2(lazy, eager) < 2e-3
+    monkeypatch.setattr(config_module, "WGMMA_RESCALE_LOG2", 1000)
+    with np.errstate(over="ignore", invalid="ignore"):
+        assert not np.isfinite(model.attention(q, k, v, **kw)).all()
+
+
+@pytest.mark.parametrize("name", [m.name for m in MUTANTS if m.name in KILLERS])
+def test_mutant_is_killed_under_lazy_rescaling(name):
+    """Every killer shape, on the wgmma tile of its geometry at d = 64 (lazy rescaling),
+    still kills its mutant: a deferred rescale hides none of them."""
+    s = KILLERS[name]
+    cfg = KernelConfig(max(4, s.config.m_tiles), max(32, s.config.bkv), "wgmma")
+    s = replace(s, config=cfg)
+    assert cfg.rescale_log2(s.d) > 0
+    expected = run_reference(s)
+    assert_close(run_model(s), expected)
+    assert killed(run_model(s, mutants={name}), expected), f"{name} survives {s}"
 
 
 @pytest.mark.parametrize("args, field", [((3, 64), "m_tiles"), ((4, 48), "bkv"),

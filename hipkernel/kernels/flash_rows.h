@@ -12,6 +12,11 @@
 // out = acc / l (0 when l == 0). The mutant macros bite here exactly as in the scalar kernel.
 
 #define LOG2E 1.4426950408889634f  // exp(x) = exp2(x * LOG2E)
+// RESCALE_LOG2 > 0: rescale acc and l only when a row's max grows by more than that (see
+// softmax_step); 0: every tile.
+#ifndef RESCALE_LOG2
+#define RESCALE_LOG2 0
+#endif
 
 // The window's lower bound: key j is inside a window of W keys (self included) ending at
 // absolute position p iff j >= window_lo(p, W) = p - W + 1.
@@ -77,6 +82,21 @@ HK_INLINE void softmax_step(float (&s)[NB_S][4], float (&m)[2], float (&l)[2], f
         m_tile[r] = hk_fmax(m_tile[r], hk_xor(m_tile[r], 1));  // the row's 4 lanes
         m_tile[r] = hk_fmax(m_tile[r], hk_xor(m_tile[r], 2));
         m_new[r] = hk_fmax(m[r], c2 * m_tile[r]);
+    }
+#if RESCALE_LOG2 > 0
+    // Lazy rescaling: the warp keeps its rows' running max m while no row's grows by more
+    // than RESCALE_LOG2 (in exp2 space) in this tile, so p <= 2^RESCALE_LOG2 and acc, l
+    // stay relative to the same m (the epilogue divides the shift out); otherwise every
+    // row of the warp rescales as below. A row that has seen nothing (m = -inf) and sees
+    // something now always rescales.
+    const bool rescale = hk_any(m_new[0] > m[0] + RESCALE_LOG2 || m_new[1] > m[1] + RESCALE_LOG2);
+    if (!rescale) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) m_new[r] = m[r];
+    }
+#endif
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
 #ifdef HIPKERNEL_MUTANT_NO_NAN_GUARD
         update[r] = true;  // m_new = -inf: alpha and p become exp2(-inf - -inf) = NaN
 #else
@@ -104,10 +124,13 @@ HK_INLINE void softmax_step(float (&s)[NB_S][4], float (&m)[2], float (&l)[2], f
         if (has_sink && update[r]) l[r] += hk_exp2(sig2 - m_new[r]);  // split-KV bug
 #endif
     }
+#if RESCALE_LOG2 > 0
+    if (rescale)
+#endif
 #pragma unroll
-    for (int nd = 0; nd < NB_O; ++nd)
+        for (int nd = 0; nd < NB_O; ++nd)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) o[nd][e] *= alpha[e >> 1];
+            for (int e = 0; e < 4; ++e) o[nd][e] *= alpha[e >> 1];
 }
 
 // P of keys [16 kc, 16 kc + 16) as an MMA A fragment, rounded to fp16: the S fragments of

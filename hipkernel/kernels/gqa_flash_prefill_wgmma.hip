@@ -5,10 +5,13 @@
 // backend compiles for sm_90a). Same ABI and entry name as the other two paths
 // (docs/ARCHITECTURE.md "Kernel ABI"):
 //   compile-time  HEAD_DIM (64 | 128), M_TILES (16-row groups, a multiple of 4), BKV (keys
-//                 per tile: 32, 64 or 128), KV_STAGES (K/V tile buffers, >= 1)
+//                 per tile: 32, 64 or 128), KV_STAGES (K/V tile buffers, >= 1), WS (0 | 1:
+//                 a producer warpgroup, below), RESCALE_LOG2 (lazy rescaling, flash_rows.h;
+//                 KernelConfig.rescale_log2 sets it, the model follows)
 //   grid          (ceil(Sq / BM), Hq, B), BM = 16 * M_TILES
-//   block         32 * M_TILES threads = M_TILES / 4 warpgroups; warpgroup w owns query rows
-//                 [64 w, 64 w + 64) of the Q tile, its warp x rows [16 x, 16 x + 16) of those
+//   block         32 * M_TILES threads = M_TILES / 4 warpgroups, + 128 with WS; warpgroup w
+//                 < M_TILES / 4 owns query rows [64 w, 64 w + 64) of the Q tile, its warp x
+//                 rows [16 x, 16 x + 16) of those; with WS the last warpgroup only loads
 //   shared        dynamic, KV_STAGES x (K tile + V tile) = KV_STAGES * 4 * BKV * HEAD_DIM
 //                 bytes, then two mbarriers a stage (16 bytes; KernelConfig.
 //                 dynamic_smem_bytes; the launch raises the function's limit above the
@@ -60,22 +63,52 @@
 #error "KV_STAGES must be >= 1"
 #endif
 
-#define BM (16 * M_TILES)         // query rows per block
-#define NTHREADS (32 * M_TILES)   // a warp per 16 rows, a warpgroup per 64
+#define BM (16 * M_TILES)          // query rows per block
+#define NCONSUMERS (32 * M_TILES)  // a warp per 16 rows, a warpgroup per 64
+// WS (warp specialization): one more warpgroup, the producer, streams the K/V tiles in and
+// the M_TILES / 4 that own rows (the consumers) only compute. The producer gives its
+// registers up to them (setmaxnreg): a thread starts with REG_CAP, which ptxas gives a
+// kernel with setmaxnreg (the most its launch bounds allow); the producer keeps
+// PRODUCER_REGS, the consumers share the rest in steps of 8 (216 each with two). 72 is
+// what the unrolled copy loop of a 128-key tile at d 128 (32 cp.async a thread a tile)
+// needs without spilling; on the H200 that tile ran 16384@0 in 6.31 ms with 72, 6.24 with
+// 48 (64 bytes spilled) and 6.40-6.44 with the loop unrolled 4 times and 24-48.
+#ifndef WS
+#define WS 0
+#endif
+#if WS
+#define NTHREADS (NCONSUMERS + 128)
+#define LOADERS 128
+#ifndef PRODUCER_REGS
+#define PRODUCER_REGS 72
+#endif
+#define REG_CAP ((65536 / NTHREADS) & ~7)
+#define CONSUMER_REGS_FIT (((REG_CAP * NTHREADS - 128 * PRODUCER_REGS) / NCONSUMERS) & ~7)
+#define CONSUMER_REGS (CONSUMER_REGS_FIT > 256 ? 256 : CONSUMER_REGS_FIT)
+#if CONSUMER_REGS <= REG_CAP
+#error "WS: the consumers would gain no registers from the producer (M_TILES 8 or 12 only)"
+#endif
+#else
+#define NTHREADS NCONSUMERS
+#define LOADERS NTHREADS           // every thread loads its share of each tile
+#endif
 #define VPR (HEAD_DIM / 8)        // 16-byte vectors per K/V row
 #define GROUP_BYTES (HEAD_DIM * 16)  // one 8-key group of core matrices
 #define TILE_BYTES (BKV * HEAD_DIM * 2)
 // KV_STAGES buffers of (K tile, V tile): tile t + KV_STAGES - 1 streams in while tile t is
 // computed (with one stage, tile t + 1 after it). A warpgroup's tile takes a few hundred
 // cycles, far less than a load's latency, so depth matters more here than on the mma path.
-// Two pipelines (below): with four warpgroups a block, stages on mbarriers, so that they
-// drift apart; with fewer, a block barrier a tile. On the H200 the mbarriers ran 16384@0
-// 4.4 % faster with four warpgroups (d 64) and 9-11 % slower with two (d 128).
-#define MBAR_PIPE (M_TILES >= 16)
-#if MBAR_PIPE
-#if KV_STAGES < 2
-#error "the mbarrier pipeline needs KV_STAGES >= 2"
+// Three pipelines (below): with a producer warpgroup (WS), stages on mbarriers that it
+// fills; without, every thread loads its share, with four warpgroups a block on mbarriers
+// (so that they drift apart), with fewer at a block barrier a tile. On the H200 the
+// mbarriers ran 16384@0 7.5 % faster with four warpgroups (d 64: 6.54 against 7.07 ms) and
+// 9-11 % slower with two (d 128), where the producer ran it 14 % faster on 64-key tiles and
+// 24 % on 128-key tiles (docs/performance.md).
+#define MBAR_PIPE (WS || M_TILES >= 16)
+#if MBAR_PIPE && KV_STAGES < 2
+#error "the mbarrier pipelines need KV_STAGES >= 2"
 #endif
+#if MBAR_PIPE && !WS
 // Tiles loaded ahead. A warpgroup may run KV_STAGES - 1 - LOOKAHEAD tiles ahead of the
 // slowest of its block; on the H200 (wgmma_m16_b64, 6 stages) 3 tiles of that drift ran
 // 16384@0 in 6.78 ms, 2 in 7.62, 1 in 7.78: so 3 where the stages allow it.
@@ -85,8 +118,21 @@
 #if LOOKAHEAD < 1 || LOOKAHEAD >= KV_STAGES
 #error "LOOKAHEAD must be in [1, KV_STAGES)"
 #endif
-#else
+#elif !MBAR_PIPE
 #define PENDING (KV_STAGES > 1 ? KV_STAGES - 2 : 0)  // cp.async groups after tile t's
+#endif
+// PINGPONG: the warpgroups issue their Q K^T wgmma in turn (0, 1, ..., NWG - 1, 0, ...),
+// passing a token on named barriers 1 + w (two warpgroups' threads each), so that one's
+// softmax runs while the next multiplies. On the H200 with four free-running warpgroups
+// (wgmma_m16_b64, d 64) it ran 512@8192 3 % faster on top of lazy rescaling (0.1990 against
+// 0.2060 ms) and 16384@0 0.5 % (6.281 against 6.319); with the producer at d 128 it did
+// not pay (docs/performance.md).
+#define NWG (M_TILES / 4)  // warpgroups that own rows
+#ifndef PINGPONG
+#define PINGPONG (MBAR_PIPE && !WS)
+#endif
+#if PINGPONG && NWG < 2
+#error "PINGPONG passes a token between warpgroups: M_TILES >= 8"
 #endif
 #define NB_S (BKV / 8)        // 8-key blocks of the score tile
 #define KC_S (HEAD_DIM / 16)  // 16-dim steps of Q K^T (wgmma k)
@@ -105,12 +151,36 @@
 // M_TILES 16, two of 8), whose loads and softmax overlap each other's wgmma. Elsewhere
 // ptxas' own choice (one block at least).
 #ifndef MIN_BLOCKS
-#if HEAD_DIM == 64 && BKV <= 64
+#if HEAD_DIM == 64 && BKV <= 64 && !WS
 #define MIN_BLOCKS (512 / NTHREADS)
 #else
 #define MIN_BLOCKS 1
 #endif
 #endif
+
+// Stage KV tile t into buffer st: a 16-byte cp.async per loading thread lt (of LOADERS),
+// zero-filling keys no row of this block may see (key_kept). Copy idx (of BKV * VPR) is key
+// (idx / HEAD_DIM) * 8 + idx % 8, dim chunk (idx / 8) % VPR, and lands at byte 16 idx of
+// the tile. kg, vg: the block's KV head; k_s0, v_s0: the K and V stages.
+HK_INLINE void load_tile(const half_t* kg, const half_t* vg, unsigned int k_s0, unsigned int v_s0,
+                         int t, int st, int lt, int kv_start, int skv, int S_cap) {
+    const int j0 = t * BKV;
+#pragma unroll
+    for (int it = 0; it < (BKV * VPR + LOADERS - 1) / LOADERS; ++it) {
+        const int idx = lt + it * LOADERS;
+        if ((BKV * VPR) % LOADERS == 0 || idx < BKV * VPR) {
+            const int key = (idx / HEAD_DIM) * 8 + (idx & 7);
+            const int c = (idx >> 3) % VPR;
+            const int j = j0 + key;
+            const bool keep = key_kept(j, kv_start, skv, S_cap);
+            const hk_u64 src = (hk_u64)j * HEAD_DIM + 8 * c;
+            const unsigned int dst = st * TILE_BYTES + 16u * idx;
+            // a key not kept reads nothing (src-size 0); its address is the base anyway
+            hk_cp_async_16(k_s0 + dst, keep ? kg + src : kg, keep);
+            hk_cp_async_16(v_s0 + dst, keep ? vg + src : vg, keep);
+        }
+    }
+}
 
 extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_prefill(
     const half_t* HK_RESTRICT q,     // (B, Sq, Hq, D)      contiguous
@@ -145,6 +215,43 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     const bool has_sink = sink_present(sink_mode);
     const float sig2 = sink_logit2(sink, sink_mode, h);
 
+#if WS
+    // The K/V stages on mbarriers, filled by the producer warpgroup. Stage s has
+    //   full[s]   LOADERS arrivals, one per producer thread once its copies into s have
+    //             landed (cp.async.mbarrier.arrive.noinc): the tile is there for every warp;
+    //   empty[s]  NCONSUMERS arrivals, one per consumer thread once its warpgroup is done
+    //             with s;
+    // both follow the K/V stages in the dynamic buffer (16 bytes a stage). The producer loads
+    // tile t into stage (t - t0) % KV_STAGES as soon as every consumer is done with the tile
+    // before it there, then leaves; the consumers never meet at a block barrier.
+    const unsigned int full0 = hk_smem_u32(kv_s) + KV_STAGES * 2u * TILE_BYTES;
+    const unsigned int empty0 = full0 + 8u * KV_STAGES;
+    if (tid == 0) {
+#pragma unroll
+        for (int i = 0; i < KV_STAGES; ++i) {
+            hk_mbar_init(full0 + 8u * i, LOADERS);
+            hk_mbar_init(empty0 + 8u * i, NCONSUMERS);
+        }
+    }
+    hk_sync();
+    if (warp >= M_TILES) {
+        hk_setmaxnreg_dec<PRODUCER_REGS>();
+        const hk_u64 kv_base = ((hk_u64)b * Hkv + kvh) * (hk_u64)S_cap * HEAD_DIM;
+        const unsigned int k_s0 = hk_smem_u32(k_s), v_s0 = hk_smem_u32(v_s);
+        int st = 0, round = 0;
+        for (int t = t0; t < t_end; ++t) {
+            if (round > 0) hk_mbar_wait(empty0 + 8u * st, (round - 1) & 1);
+            load_tile(k + kv_base, v + kv_base, k_s0, v_s0, t, st, tid - NCONSUMERS, kv_start, skv, S_cap);
+            hk_mbar_arrive_cp_async(full0 + 8u * st);
+            if (++st == KV_STAGES) st = 0, ++round;
+        }
+        hk_cp_async_commit();  // every copy has landed before the producer leaves
+        hk_cp_async_wait<0>();
+        return;
+    }
+    hk_setmaxnreg_inc<CONSUMER_REGS>();
+#endif
+
     // This warpgroup's 64 rows, this warp's 16 of them, this lane's two.
     const int ig = i0 + 64 * (warp >> 2);
     const bool group_live = ig < Sq;  // a warpgroup wholly past Sq computes nothing
@@ -170,36 +277,29 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
 #pragma unroll
         for (int e = 0; e < 4; ++e) o[nd][e] = 0.0f;
 
+#if !WS  // every thread loads its share of the tiles (kg, vg, k_s0, v_s0 in this order:
+         // the PTX of the other tiles is then the one measured before WS existed)
     const hk_u64 kv_base = ((hk_u64)b * Hkv + kvh) * (hk_u64)S_cap * HEAD_DIM;
     const half_t* kg = k + kv_base;
     const half_t* vg = v + kv_base;
+#endif
     const unsigned int k_s0 = hk_smem_u32(k_s), v_s0 = hk_smem_u32(v_s);
-
-    // Stage KV tile t into buffer st: 16-byte cp.async per thread, zero-filling keys no row
-    // of this block may see (key_kept). Copy idx (of BKV * VPR) is key (idx / HEAD_DIM) * 8
-    // + idx % 8, dim chunk (idx / 8) % VPR, and lands at byte 16 idx of the tile.
-    auto load_tile = [&](int t, int st) {
-        const int j0 = t * BKV;
-#pragma unroll
-        for (int it = 0; it < (BKV * VPR + NTHREADS - 1) / NTHREADS; ++it) {
-            const int idx = tid + it * NTHREADS;
-            if ((BKV * VPR) % NTHREADS == 0 || idx < BKV * VPR) {
-                const int key = (idx / HEAD_DIM) * 8 + (idx & 7);
-                const int c = (idx >> 3) % VPR;
-                const int j = j0 + key;
-                const bool keep = key_kept(j, kv_start, skv, S_cap);
-                const hk_u64 src = (hk_u64)j * HEAD_DIM + 8 * c;
-                const unsigned int dst = st * TILE_BYTES + 16u * idx;
-                // a key not kept reads nothing (src-size 0); its address is the base anyway
-                hk_cp_async_16(k_s0 + dst, keep ? kg + src : kg, keep);
-                hk_cp_async_16(v_s0 + dst, keep ? vg + src : vg, keep);
-            }
-        }
-    };
+#if !WS
+    auto load_share = [&](int t, int st) { load_tile(kg, vg, k_s0, v_s0, t, st, tid, kv_start, skv, S_cap); };
+#endif
 
     // The pipeline: start() before the first tile, acquire(t, st) when tile t must be in
     // stage st for every warp, release(t, st) once this thread's warpgroup is done with it.
-#if MBAR_PIPE
+#if WS
+    // A consumer thread waits for tile t's full barrier, and arrives on its empty barrier
+    // once its warpgroup is done with it.
+    auto start = [&]() {};
+    auto acquire = [&](int t, int st) {
+        hk_mbar_wait(full0 + 8u * st, ((t - t0) / KV_STAGES) & 1);  // tile t has landed
+        hk_fence_proxy_async();  // the copies, visible to wgmma's operand reads
+    };
+    auto release = [&](int, int st) { hk_mbar_arrive(empty0 + 8u * st); };
+#elif MBAR_PIPE
     // On mbarriers, no block barrier per tile. Stage s has
     //   full[s]   NTHREADS arrivals, one per thread once its copies into s have landed
     //             (cp.async.mbarrier.arrive.noinc): the tile is there for every warp;
@@ -222,7 +322,7 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
 #pragma unroll
         for (int i = 0; i < LOOKAHEAD; ++i) {
             if (t0 + i < t_end) {
-                load_tile(t0 + i, i);
+                load_share(t0 + i, i);
                 hk_mbar_arrive_cp_async(full0 + 8u * i);
             }
         }
@@ -231,7 +331,7 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
         const int jt = t - t0, jn = jt + LOOKAHEAD, sn = jn % KV_STAGES;
         if (t + LOOKAHEAD < t_end) {  // tile t + LOOKAHEAD, once its stage is free
             if (jn >= KV_STAGES) hk_mbar_wait(empty0 + 8u * sn, (jn / KV_STAGES - 1) & 1);
-            load_tile(t + LOOKAHEAD, sn);
+            load_share(t + LOOKAHEAD, sn);
             hk_mbar_arrive_cp_async(full0 + 8u * sn);
         }
         hk_mbar_wait(full0 + 8u * st, (jt / KV_STAGES) & 1);  // tile t has landed
@@ -245,7 +345,7 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     auto start = [&]() {
 #pragma unroll
         for (int i = 0; i < (KV_STAGES > 1 ? KV_STAGES - 1 : 1); ++i) {
-            if (t0 + i < t_end) load_tile(t0 + i, i);
+            if (t0 + i < t_end) load_share(t0 + i, i);
             hk_cp_async_commit();
         }
     };
@@ -255,23 +355,30 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
         hk_sync();               // ... and every thread's; every warp is done with tile t - 1
         if (KV_STAGES > 1) {     // refill tile t - 1's buffer
             const int t_next = t + KV_STAGES - 1;
-            if (t_next < t_end) load_tile(t_next, st == 0 ? KV_STAGES - 1 : st - 1);
+            if (t_next < t_end) load_share(t_next, st == 0 ? KV_STAGES - 1 : st - 1);
             hk_cp_async_commit();
         }
     };
     auto release = [&](int t, int) {
         if (KV_STAGES == 1) {
             hk_sync();  // tile t is consumed: its buffer may be refilled
-            if (t + 1 < t_end) load_tile(t + 1, 0);
+            if (t + 1 < t_end) load_share(t + 1, 0);
             hk_cp_async_commit();
         }
     };
 #endif
 
     start();
+#if PINGPONG
+    const int wg = warp >> 2;
+    if (wg == NWG - 1) hk_named_arrive(1, 256);  // warpgroup 0 goes first
+#endif
     int st = 0;  // tile t's stage: (t - t0) % KV_STAGES
     for (int t = t0; t < t_end; ++t) {
         acquire(t, st);
+#if PINGPONG
+        hk_named_sync(1 + wg, 256);  // this warpgroup's turn
+#endif
 
         const int j0 = t * BKV;
 #if GROUP_SKIP
@@ -290,6 +397,9 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
             for (int kc = 0; kc < KC_S; ++kc)
                 hk_wgmma<BKV, 0>(s, qf[kc], hk_wgmma_desc(k_t + 256u * kc, 128u, GROUP_BYTES), kc > 0);
             hk_wgmma_commit();
+#if PINGPONG
+            if (wg != NWG - 1 || t + 1 < t_end) hk_named_arrive(1 + (wg + 1) % NWG, 256);  // the next one's turn
+#endif
             hk_wgmma_wait<0>();
             hk_wgmma_fence_acc(s);
 
@@ -313,6 +423,9 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
             hk_wgmma_wait<0>();
             hk_wgmma_fence_acc(o);
         }
+#if PINGPONG
+        else if (wg != NWG - 1 || t + 1 < t_end) hk_named_arrive(1 + (wg + 1) % NWG, 256);
+#endif
         release(t, st);
         st = st + 1 == KV_STAGES ? 0 : st + 1;
     }

@@ -214,6 +214,13 @@ HK_INLINE float hk_exp2_ftz(float x) {
     return y;
 }
 
+// Named barrier id (1..15; 0 is hk_sync's) of n threads, a multiple of 32: sync waits for
+// n arrivals (its own warp's included), arrive counts its warp's and goes on.
+HK_INLINE void hk_named_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+HK_INLINE void hk_named_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+// Whether any lane of the warp passes pred.
+HK_INLINE bool hk_any(bool pred) { return __any_sync(0xffffffffu, pred); }
+
 // Exchange with lane ^ mask (the 4 lanes of an MMA row group are lanes 4g..4g+3).
 HK_INLINE float hk_xor(float x, int mask) { return __shfl_xor_sync(0xffffffffu, x, mask); }
 #endif  // HK_CUDA

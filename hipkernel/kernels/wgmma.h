@@ -56,6 +56,13 @@ HK_INLINE void hk_mbar_wait(unsigned int bar, unsigned int parity) {  // acquire
                      " selp.u32 %0, 1, 0, p;\n}" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
     } while (!done);
 }
+// Move registers between the warpgroups of a block (a per-block pool): dec gives this
+// warpgroup's down to N a thread, inc waits until the pool has enough to raise them to N.
+// Every warp of the warpgroup executes the same one.
+template <int N>
+HK_INLINE void hk_setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N)); }
+template <int N>
+HK_INLINE void hk_setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N)); }
 // Before the first wgmma that reads registers written since the last one.
 HK_INLINE void hk_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 // Close the group of wgmma issued so far by this warpgroup.
