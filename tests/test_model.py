@@ -394,7 +394,9 @@ def test_mutant_is_killed_with_packed_heads(name):
     s = replace(s, config=cfg)
     expected = run_reference(s)
     assert_close(run_model(s), expected)
-    assert killed(run_model(s, mutants={name}), expected), f"{name} survives {s}"
+    with np.errstate(invalid="ignore"):  # no_nan_guard's exp2(-inf - -inf) is the bug itself
+        mutated = run_model(s, mutants={name})
+    assert killed(mutated, expected), f"{name} survives {s}"
 
 
 def test_mma_model_rounds_p_to_fp16():
