@@ -385,6 +385,9 @@ def test_packed_model_matches_reference(s):
 
 
 @pytest.mark.parametrize("name", [m.name for m in MUTANTS if m.name in KILLERS])
+# no_nan_guard's exp2(-inf - -inf) is the bug itself (np.errstate would not reach the model's
+# worker threads)
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 def test_mutant_is_killed_with_packed_heads(name):
     """Every killer shape, on the mma path with packed heads (the most its G allows, up to
     8), still kills its mutant: packing moves the block's start tile and its heads' KV head,
@@ -394,9 +397,7 @@ def test_mutant_is_killed_with_packed_heads(name):
     s = replace(s, config=cfg)
     expected = run_reference(s)
     assert_close(run_model(s), expected)
-    with np.errstate(invalid="ignore"):  # no_nan_guard's exp2(-inf - -inf) is the bug itself
-        mutated = run_model(s, mutants={name})
-    assert killed(mutated, expected), f"{name} survives {s}"
+    assert killed(run_model(s, mutants={name}), expected), f"{name} survives {s}"
 
 
 def test_mma_model_rounds_p_to_fp16():
