@@ -16,7 +16,7 @@ A variant is ``[LABEL=]REV@CONFIG[+MACRO=VALUE...]``:
             current tree
     +M=V    a ``-D`` macro added or overridden (``KV_STAGES``, ``LOOKAHEAD``, ``MIN_BLOCKS``,
             ``PRODUCER_REGS``, ...); not the ones that fix the geometry (HEAD_DIM, M_TILES,
-            BKV, WARP_M, WS: choose another config); KV_STAGES also sizes the dynamic shared
+            BKV, WARP_M, WS, PACK: choose another config); KV_STAGES also sizes the dynamic shared
             memory of a wgmma variant
 
 Every variant of a shape runs on one set of resident inputs (``hipkernel.timing.Resident``,
@@ -52,7 +52,7 @@ from hipkernel.config import KernelConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKTREE = "."
-GEOMETRY_MACROS = ("HEAD_DIM", "M_TILES", "BKV", "WARP_M", "WS")
+GEOMETRY_MACROS = ("HEAD_DIM", "M_TILES", "BKV", "WARP_M", "WS", "PACK")
 HOST_BOUND = 0.8  # enqueue time / burst time from which a row times the host
 _VARIANT = re.compile(r"(?:(?P<label>[\w.-]+)=)?(?P<rev>[^@=+\s]+)@(?P<config>\w+)"
                       r"(?P<macros>(?:\+\w+=-?\d+)*)\Z")
@@ -176,6 +176,11 @@ def run(backend, variants: list[Variant], shapes: list, *, passes: int = 2, n: i
                 for v in variants:
                     k = kernels.get((g["d"], v.label))
                     if k is None:
+                        continue
+                    if not v.config.supports(g["Hq"] // g["Hkv"]):
+                        if p == 0:
+                            log(f"{shape.name} {v.label}: {v.config.name} packs {v.config.pack} "
+                                f"heads, G = {g['Hq'] // g['Hkv']}; skipped")
                         continue
                     backend.memset(r.ptr["out"], 0xFF, r.host["q"].nbytes)  # NaN: unwritten shows
                     grid = v.config.grid(shape.sq, g["Hq"], g["B"])

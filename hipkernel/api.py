@@ -123,14 +123,14 @@ def _check_config(config) -> KernelConfig | None:
     if config is None or isinstance(config, KernelConfig):
         return config
     if isinstance(config, dict):
-        unknown = set(config) - {"m_tiles", "bkv", "path", "warp_m", "ws"}
+        unknown = set(config) - {"m_tiles", "bkv", "path", "warp_m", "ws", "pack"}
         if unknown:
             raise ValueError(f"config: unknown keys {sorted(unknown)} (known: m_tiles, bkv, path, "
-                             f"warp_m, ws)")
+                             f"warp_m, ws, pack)")
         try:
             return KernelConfig(config.get("m_tiles", DEFAULT.m_tiles), config.get("bkv", DEFAULT.bkv),
                                 config.get("path", DEFAULT.path), config.get("warp_m", DEFAULT.warp_m),
-                                config.get("ws", DEFAULT.ws))
+                                config.get("ws", DEFAULT.ws), config.get("pack", DEFAULT.pack))
         except ValueError as e:
             raise ValueError(f"config: {e}") from None
     raise ValueError(f"config: expected a KernelConfig, a dict or None, got {config!r}")
@@ -148,12 +148,17 @@ def _check_mutants(mutants) -> frozenset:
     return mutants
 
 
-def _check_config_for(config: KernelConfig | None, arch: str, d: int | None = None) -> None:
+def _check_config_for(config: KernelConfig | None, arch: str, d: int | None = None,
+                      G: int | None = None) -> None:
     if config is not None and d is not None:
         try:
             config.defines(d)  # shared memory of this tile at this head dim
         except ValueError as e:
             raise ValueError(f"config: {e}") from None
+    if config is not None and G is not None and not config.supports(G):
+        raise ValueError(f"config: {config.name} packs {config.pack} query heads a block, which "
+                         f"must share a KV head; G = Hq / Hkv = {G} is not a multiple of "
+                         f"{config.pack}")
     if config is not None and config.path == "mma" and not has_mma(arch):
         raise ValueError(f"config: path 'mma' needs an NVIDIA sm_{MMA_MIN_SM}+ GPU, the backend "
                          f"targets {arch}")
@@ -201,9 +206,8 @@ def flash_prefill_v3(backend, q, k, v, sink, out, *, B: int, Sq: int, Hq: int, H
 
     if decline_reason(d=d, softcap=softcap, dtype=dtype) is not None:
         return -1  # decided before any device call: nothing launched, out untouched
-    _check_config_for(config, backend.arch, d)
-
     G = Hq // Hkv
+    _check_config_for(config, backend.arch, d, G)
     from hipkernel.backends import KernelArgs  # backends only once a launch is needed
 
     def prepare(cfg: KernelConfig, mode: int, kv=(k, v, S_cap, past_len)):
@@ -229,7 +233,7 @@ def flash_prefill_v3(backend, q, k, v, sink, out, *, B: int, Sq: int, Hq: int, H
             # Tuning launches omit the sink: one FMA per row cannot reorder the candidates,
             # and leaving it out keeps tuned configs comparable with the no-sink case.
             config = TUNER.choose(key, lambda cfg: tune_times_ms(backend, prepare(cfg, 0, kv.get())),
-                                  candidates=candidates(backend.arch, d),
+                                  candidates=candidates(backend.arch, d, G),
                                   default=default_config(backend.arch))
     prepare(config, _SINK_MODES[sink_mode])()
     backend.synchronize()
@@ -369,7 +373,7 @@ def attention(q, k, v, *, past_len, window=-1, sink=None, smooth_softmax=False, 
                              "become inf in the kernel's fp16 sink")
         sink16 = np.asarray(sink, dtype=np.float16)
     be = backend if backend is not None and not isinstance(backend, str) else get_backend(backend)
-    _check_config_for(config, be.arch, a.d)
+    _check_config_for(config, be.arch, a.d, a.G)
     S_cap = k.shape[2]
     bufs = {}
     try:

@@ -1,6 +1,6 @@
 """Compile-time configurations of the fused kernel and the launch geometry they imply.
 
-One kernel binary per (path, HEAD_DIM, M_TILES, BKV, WARP_M, WS) (docs/ARCHITECTURE.md, "Kernel
+One kernel binary per (path, HEAD_DIM, M_TILES, BKV, WARP_M, WS, PACK) (docs/ARCHITECTURE.md, "Kernel
 ABI"; the wgmma path also takes KV_STAGES, which follows from the others):
 
     path    = "scalar"         kernels/gqa_flash_prefill.hip: fp32 FMAs, every GPU (AMD, NVIDIA)
@@ -17,7 +17,10 @@ ABI"; the wgmma path also takes KV_STAGES, which follows from the others):
                                wgmma: each warp 16 rows, each warpgroup 64; with ws
                                (wgmma, m_tiles 8) 128 more: a producer warpgroup that
                                only streams the K/V tiles in
-    grid    = (ceil(Sq / BM), Hq, B)
+    grid    = (ceil(Sq / BP), Hq / PACK, B), BP = BM / PACK query positions a block: with
+                               PACK > 1 (mma only) a block's BM rows are BP positions of PACK
+                               query heads that share a KV head (GQA packing; needs
+                               G % PACK == 0, see ``KernelConfig.supports``)
     BKV                        keys per KV tile, staged in shared memory: static on the
                                scalar and mma paths (48 KiB at most), dynamic on the wgmma
                                path (KV_STAGES tiles, WGMMA_SMEM_BUDGET at most)
@@ -30,9 +33,10 @@ exactly as it changes the kernel's.
 
 from __future__ import annotations
 
+import math
 import numbers
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 HEAD_DIMS = (64, 128)  # head dims the kernel is compiled for; anything else is declined
 
@@ -42,6 +46,7 @@ SMEM_LIMIT = 48 * 1024
 _M_TILES = (1, 2, 4, 8)  # 32..256 threads a block
 _BKV = (16, 32, 64, 128)  # the kernel needs a power of two
 _WARP_M = (1, 2)  # 16-row groups per warp (mma path)
+_PACK = (1, 2, 4, 8)  # query heads a block packs (mma path): a divisor of a fragment's 8 rows
 PATHS = ("scalar", "mma", "wgmma")
 TENSOR_CORE_PATHS = ("mma", "wgmma")  # P is rounded to fp16 before P.V (hipkernel.model)
 MMA_MIN_SM = 80  # mma.sync m16n8k16 f16 with fp32 accumulators, ldmatrix, cp.async
@@ -83,17 +88,20 @@ def _check_int(name: str, x, allowed) -> int:
 class KernelConfig:
     """A tile configuration: ``m_tiles`` groups of 16 query rows per block, ``bkv`` keys per
     KV tile, the kernel ``path`` ("scalar", "mma" or "wgmma") that runs it, and (mma only)
-    ``warp_m`` groups of 16 rows per warp, and (wgmma only) ``ws``, a producer warpgroup that
-    streams the K/V tiles in. ``warp_m`` and ``ws`` change only which warp computes a row or
-    loads a tile, not the arithmetic: the model (and so every result) depends on ``m_tiles``,
-    ``bkv`` and ``path``, and on the wgmma path at d = 64 on lazy rescaling
-    (``rescale_log2``)."""
+    ``warp_m`` groups of 16 rows per warp and ``pack`` query heads a block (GQA packing), and
+    (wgmma only) ``ws``, a producer warpgroup that streams the K/V tiles in. ``warp_m``,
+    ``pack`` and ``ws`` change only which warp computes a row or loads a tile, not the
+    arithmetic: the model (and so every result) depends on ``bkv`` and ``path``, and on the
+    wgmma path at d = 64 on lazy rescaling (``rescale_log2``). (``pack`` and ``m_tiles`` set
+    which KV tile a block starts at, ``block_positions``; the tiles before a row's first
+    visible key change nothing, exactly, so only the mutants that move that start can tell.)"""
 
     m_tiles: int
     bkv: int
     path: str = "scalar"
     warp_m: int = 1
     ws: bool = False
+    pack: int = 1
 
     def __post_init__(self):
         # 16 groups (512 threads) only on the wgmma path: a warpgroup per 64 rows
@@ -107,6 +115,10 @@ class KernelConfig:
                              f"scalar path gives each row a lane pair), got path {self.path!r}")
         if self.m_tiles % self.warp_m:
             raise ValueError(f"warp_m: {self.warp_m} does not divide m_tiles={self.m_tiles}")
+        _check_int("pack", self.pack, _PACK)
+        if self.pack != 1 and self.path != "mma":
+            raise ValueError(f"pack: {self.pack} heads a block needs path 'mma', got path "
+                             f"{self.path!r}")
         if not isinstance(self.ws, bool):
             raise ValueError(f"ws: expected True or False, got {self.ws!r}")
         if self.ws and (self.path != "wgmma" or self.m_tiles not in WGMMA_WS_M_TILES):
@@ -125,6 +137,21 @@ class KernelConfig:
         return 16 * self.m_tiles
 
     @property
+    def block_positions(self) -> int:
+        """BP: query positions per block (``block_rows / pack``: each of ``pack`` heads)."""
+        return self.block_rows // self.pack
+
+    def supports(self, G: int) -> bool:
+        """Whether this config runs a geometry of ``G`` query heads a KV head: a block's
+        ``pack`` heads must share one KV head."""
+        return G % self.pack == 0
+
+    def for_group(self, G: int) -> "KernelConfig":
+        """This config for ``G`` query heads a KV head: ``pack`` cut to gcd(pack, G), the
+        most of its packing that G allows (itself when it ``supports`` G)."""
+        return self if self.supports(G) else replace(self, pack=math.gcd(self.pack, G))
+
+    @property
     def threads(self) -> int:
         """Threads per block: scalar, two lanes per query row; mma, a warp per 16 * warp_m rows;
         wgmma, a warp per 16 rows and, with ws, the producer warpgroup."""
@@ -133,20 +160,25 @@ class KernelConfig:
     @property
     def name(self) -> str:
         """Short id, e.g. ``m4_b64`` (scalar), ``mma_m4_b64``, ``mma_m8_b64_w2`` (warp_m 2),
-        ``wgmma_m8_b64_ws`` (a producer warpgroup)."""
+        ``mma_m4_b32_p8`` (8 heads a block), ``wgmma_m8_b64_ws`` (a producer warpgroup)."""
         base = f"m{self.m_tiles}_b{self.bkv}"
         if self.path != "scalar":
             base = f"{self.path}_{base}"
         if self.warp_m != 1:
             base = f"{base}_w{self.warp_m}"
+        if self.pack != 1:
+            base = f"{base}_p{self.pack}"
         return f"{base}_ws" if self.ws else base
 
     def grid(self, Sq: int, Hq: int, B: int) -> tuple[int, int, int]:
-        """Launch grid ``(ceil(Sq / BM), Hq, B)``."""
+        """Launch grid ``(ceil(Sq / BP), Hq / pack, B)``."""
         for name, n in (("Sq", Sq), ("Hq", Hq), ("B", B)):
             if not isinstance(n, numbers.Integral) or isinstance(n, bool) or n < 1:
                 raise ValueError(f"{name}: expected an int >= 1, got {n!r}")
-        return (-(-int(Sq) // self.block_rows), int(Hq), int(B))
+        if Hq % self.pack:
+            raise ValueError(f"Hq: {Hq} query heads do not split into blocks of pack="
+                             f"{self.pack} heads ({self.name})")
+        return (-(-int(Sq) // self.block_positions), int(Hq) // self.pack, int(B))
 
     def kv_stages(self, d: int) -> int:
         """K/V tile buffers of the kernel: the mma path double-buffers (cp.async) when two
@@ -217,6 +249,8 @@ class KernelConfig:
         defines = {"HEAD_DIM": d, "M_TILES": self.m_tiles, "BKV": self.bkv}
         if self.warp_m != 1:
             defines["WARP_M"] = self.warp_m
+        if self.pack != 1:
+            defines["PACK"] = self.pack
         if self.path == "wgmma":
             defines["KV_STAGES"] = self.kv_stages(d)
         if self.ws:
@@ -239,6 +273,15 @@ MMA_CANDIDATES = tuple(KernelConfig(m, b, "mma") for m, b in ((4, 64), (4, 32), 
 # spills. They run correctly at d = 128 when asked for explicitly; the tuner does not offer them.
 MMA_WIDE_CANDIDATES = tuple(KernelConfig(m, b, "mma", 2) for m, b in ((8, 64), (8, 32), (4, 64)))
 WIDE_HEAD_DIMS = (64,)
+# mma with GQA packing: a block's 64 rows are 16 positions of 4 heads, or 8 of 8, which share
+# their K/V tiles; under a window a block then walks the KV tiles of 16 (8) positions rather
+# than 64. Bit-identical to mma_m4_b32 (the tiles a row sees are the same aligned tiles). On
+# the H200 (d 64 gpt-oss, kernel-only, reports/ab/gqa-pack-w128.json): 16384@0 window 128
+# mma_m4_b32 0.3099 ms, _p4 0.2859, _p8 0.2891; 4096@8192 window 128 0.0840, 0.0788, 0.0790;
+# wider tiles lose (m8_b32_p8 0.306, m4_b64_p8 0.327, m1_b32_p8 0.455). Full attention gains
+# 1-2 % (mma_m8_b64_w2 7.49 -> 7.37 ms at 16384@0), not enough to matter next to wgmma.
+# Offered only where G % pack == 0 (``KernelConfig.supports``).
+MMA_PACK_CANDIDATES = tuple(KernelConfig(4, 32, "mma", pack=p) for p in (4, 8))
 
 # wgmma: at d = 64 four warpgroups a block (256 rows) on 64-key tiles, 6 stages (96 KiB),
 # each thread loading its share; at d = 128 two warpgroups on 128-key tiles and a producer
@@ -286,12 +329,14 @@ def default_config(arch: str) -> KernelConfig:
     return MMA_DEFAULT if has_mma(arch) else DEFAULT
 
 
-def candidates(arch: str, d: int | None = None) -> tuple[KernelConfig, ...]:
-    """The autotune candidates on target ``arch`` at head dim ``d``: the scalar configs
-    everywhere, plus the mma configs on NVIDIA sm_80+ (AMD has no MMA implementation yet),
-    plus the 32-rows-a-warp mma configs where ``d`` is in ``WIDE_HEAD_DIMS``, plus the wgmma
-    config of ``d`` on sm_90. ``d=None``: every config the target can run at some head dim
-    (for fuzzing and sanitizer sweeps; ``KernelConfig.fits`` says where)."""
+def candidates(arch: str, d: int | None = None, G: int | None = None) -> tuple[KernelConfig, ...]:
+    """The autotune candidates on target ``arch`` at head dim ``d`` for ``G`` query heads a KV
+    head: the scalar configs everywhere, plus the mma configs on NVIDIA sm_80+ (AMD has no
+    MMA implementation yet), plus the 32-rows-a-warp mma configs where ``d`` is in
+    ``WIDE_HEAD_DIMS``, plus the packed mma configs that ``G`` allows, plus the wgmma config
+    of ``d`` on sm_90. ``d=None`` / ``G=None``: every config the target can run at some head
+    dim / some G (for fuzzing, sanitizer sweeps and the build check; ``KernelConfig.fits`` and
+    ``KernelConfig.supports`` say where)."""
     if not has_mma(arch):
         return CANDIDATES
     wide = MMA_WIDE_CANDIDATES if d is None or d in WIDE_HEAD_DIMS else ()
@@ -299,7 +344,8 @@ def candidates(arch: str, d: int | None = None) -> tuple[KernelConfig, ...]:
         wg = ()
     else:  # the tile that wins at this head dim (see WGMMA_CANDIDATES)
         wg = WGMMA_CANDIDATES if d is None else tuple(c for c in (WGMMA_BY_HEAD_DIM.get(d),) if c)
-    return CANDIDATES + MMA_CANDIDATES + wide + wg
+    packed = tuple(c for c in MMA_PACK_CANDIDATES if G is None or c.supports(G))
+    return CANDIDATES + MMA_CANDIDATES + wide + packed + wg
 
 
 def compiled_variants() -> list[tuple[int, KernelConfig]]:

@@ -138,7 +138,7 @@ def _check_mutants(mutants) -> frozenset[str]:
 
 def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str]) -> np.ndarray:
     B, Sq, Hq, Hkv, d, G = a.B, a.Sq, a.Hq, a.Hkv, a.d, a.G
-    BM, BKV = config.block_rows, config.bkv
+    BM, BKV = config.block_positions, config.bkv  # BM: positions a block (of pack heads)
     p_fp16 = config.path in TENSOR_CORE_PATHS  # P rounded to fp16 before P.V, as the tensor cores take it
     lazy = config.rescale_log2(a.d)  # 0: every tile rescales
     S_cap, skv, W = k.shape[2], a.skv, a.window
@@ -148,7 +148,15 @@ def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str]) -> np.ndar
     # GQA: query head h reads KV head kvh(h). Order the query heads by KV head so that one
     # batched GEMM serves all (b, kvh, g): qg is (B, Hkv, G, Sq, d).
     heads = np.arange(Hq)
-    kvh = heads % Hkv if "gqa_modulo" in mut else heads // G
+    kvh = heads // G
+    if "gqa_modulo" in mut:
+        # the kernel maps a block of pack heads by its first head, h0 = pack * (h // pack):
+        # kvh = h0 % Hkv, which need not give every KV head G query heads. So each query head
+        # gets its own copy of the KV head it reads (Hkv := Hq, G := 1).
+        kv_of = heads // config.pack * config.pack % Hkv
+        k, v = k[:, kv_of], v[:, kv_of]
+        Hkv, G = Hq, 1
+        kvh = heads
     order = np.argsort(kvh, kind="stable")
     qg = q[:, :, order, :].astype(_F32).transpose(0, 2, 1, 3).reshape(B, Hkv, G, Sq, d)
     # Keys that any tile can load: all of [0, skv), and under tail_unmasked the raw rest of

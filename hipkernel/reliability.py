@@ -40,13 +40,14 @@ import re
 import sys
 import time
 import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
 from hipkernel import api
 from hipkernel.autotune import tune_key
-from hipkernel.config import (CANDIDATES, DEFAULT, HEAD_DIMS, MMA_DEFAULT, MMA_WIDE_CANDIDATES,
+from hipkernel.config import (CANDIDATES, DEFAULT, HEAD_DIMS, MMA_DEFAULT, MMA_PACK_CANDIDATES,
+                              MMA_WIDE_CANDIDATES,
                               WGMMA_BY_HEAD_DIM, WIDE_HEAD_DIMS, KernelConfig, candidates,
                               has_mma, has_wgmma)
 from refattn.args import check_attention_args
@@ -84,18 +85,18 @@ def _case_config(case: Case) -> KernelConfig | None:
                         case.config.get("bkv", DEFAULT.bkv), case.config.get("path", DEFAULT.path))
 
 
-_CONFIG_NAME = re.compile(r"(?:([a-z]+)_)?m(\d+)_b(\d+)(?:_w(\d+))?(_ws)?")
+_CONFIG_NAME = re.compile(r"(?:([a-z]+)_)?m(\d+)_b(\d+)(?:_w(\d+))?(?:_p(\d+))?(_ws)?")
 
 
 def config_from_name(name: str) -> KernelConfig:
     """The inverse of ``KernelConfig.name``: ``"m4_b64"`` (scalar), ``"mma_m4_b64"``,
-    ``"mma_m8_b64_w2"`` or ``"wgmma_m8_b64_ws"``."""
+    ``"mma_m8_b64_w2"``, ``"mma_m4_b32_p8"`` or ``"wgmma_m8_b64_ws"``."""
     m = _CONFIG_NAME.fullmatch(str(name))
     if m is None:
         raise ValueError(f"config: expected a config name like m4_b64, mma_m4_b64, "
-                         f"mma_m8_b64_w2 or wgmma_m8_b64_ws, got {name!r}")
-    return KernelConfig(int(m.group(2)), int(m.group(3)), m.group(1) or "scalar", int(m.group(4) or 1),
-                        m.group(5) is not None)
+                         f"mma_m8_b64_w2, mma_m4_b32_p8 or wgmma_m8_b64_ws, got {name!r}")
+    return KernelConfig(int(m.group(2)), int(m.group(3)), m.group(1) or "scalar",
+                        int(m.group(4) or 1), m.group(6) is not None, int(m.group(5) or 1))
 
 
 def _supported(case: Case) -> bool:
@@ -292,13 +293,15 @@ def random_geometry(rng: np.random.Generator, max_cost: int = DEFAULT_MAX_COST,
     window = -1 if u < 0.45 else int(rng.integers(1, 9) if u < 0.6 else rng.integers(1, 601))
     sink = str(rng.choice(["none", "per_head", "smooth"]))
     fitting = [c for c in configs if c.fits(d)]  # (a 128-key wgmma tile does not at d = 128)
-    config = fitting[rng.integers(len(fitting))].name
+    config = fitting[rng.integers(len(fitting))]
     tight = bool(rng.random() < 0.25)
     scale = None if rng.random() < 0.8 else float(rng.choice([0.5, 2.0]))  # sharp softmax
-    return fit_cost(Geometry(B=int(rng.integers(1, 3)), Sq=Sq, Hq=int(Hq), Hkv=int(Hkv), d=d,
-                             past_len=past, window=window, sink=sink,
-                             seed=int(rng.integers(0, 2**31)), config=config, tight=tight,
-                             scale=scale), max_cost)
+    g = fit_cost(Geometry(B=int(rng.integers(1, 3)), Sq=Sq, Hq=int(Hq), Hkv=int(Hkv), d=d,
+                          past_len=past, window=window, sink=sink,
+                          seed=int(rng.integers(0, 2**31)), config=config.name, tight=tight,
+                          scale=scale), max_cost)
+    # a packed config keeps the most of its packing that the shrunk G allows
+    return replace(g, config=config.for_group(g.Hq // g.Hkv).name)
 
 
 def fit_cost(g: Geometry, max_cost: int = DEFAULT_MAX_COST) -> Geometry:
@@ -538,8 +541,9 @@ def sanitize_target(suites=("seed", "extended"), *, backend=None, match=None, ca
     one launch that finished). A supported case must return 0, write every element and stay
     finite (``judge``: and pass the derived gate); a declined one must return -1 with the
     buffer byte-identical. On a target with tensor cores every supported case also runs
-    the mma path's default config (and, at d = 64, its 32-rows-a-warp config), and on sm_90
-    the wgmma config of its head dim, so the sanitizer sees every kernel source. Prints one
+    the mma path's default config (and, at d = 64, its 32-rows-a-warp config; and where its
+    G > 1, the packed config at the most packing G allows), and on sm_90 the wgmma config of
+    its head dim, so the sanitizer sees every kernel source and tile variant. Prints one
     line per launch; returns 0 if all is well, else 1."""
     out = out or sys.stdout
     saved = os.environ.get("HIPKERNEL_TUNE")
@@ -572,14 +576,18 @@ def _sanitize_cases(suites, backend, match, cache, all_configs, judge, cheapest_
         inputs = make_inputs(case)
         supported = _supported(case)
         configs = [_case_config(case)]  # None: the default config (HIPKERNEL_TUNE=0)
+        G = case.Hq // case.Hkv
         if supported and has_mma(be.arch):
             configs.append(MMA_DEFAULT)  # the tensor-core paths the autotuner picks there
             if case.d in WIDE_HEAD_DIMS:
                 configs.append(MMA_WIDE_CANDIDATES[0])
+            packed = MMA_PACK_CANDIDATES[-1].for_group(G)  # the most packing G allows
+            if packed.pack > 1:
+                configs.append(packed)
             if has_wgmma(be.arch):
                 configs.append(WGMMA_BY_HEAD_DIM[case.d])
         if all_configs and supported:
-            configs += [c for c in candidates(be.arch) if c not in configs]
+            configs += [c for c in candidates(be.arch, G=G) if c not in configs]
         ref = None
         for variant in variants:
             if variant == "tight":

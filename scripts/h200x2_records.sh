@@ -8,6 +8,8 @@
 # Every module both need is compiled first, in parallel, into one disk cache.
 #   OUT=dir bash scripts/h200x2_records.sh        (each part under its own time limit)
 #   ONE_GPU=1 OUT=dir bash scripts/h200x2_records.sh   (one H200: the parts in turn on GPU 0)
+#   PARTS=session (or mma_check) ONE_GPU=1 OUT=dir ...  (one part only: where the two in turn
+#          outlast one call, run them in two calls into two dirs and merge them into one)
 # Into reports/gpu/, with this script's, h200x2_reliability.sh's and hipkernel.scaling's outputs:
 #   python -m hipkernel.record --collect REC_DIR REL_DIR SCALING_JSON
 set -u
@@ -33,7 +35,14 @@ mma_check() {
         --sections mutants,sweep --out "$OUT" >> "$OUT/mma.log" 2>&1
     echo "mma_check rc=$? after $(( $(date +%s) - t0 )) s" >> "$OUT/mma.log"
 }
-if [ "$ONE_GPU" = 1 ]; then  # one after the other, so that neither's timings see the other
+PARTS=${PARTS:-session,mma_check}
+if [ "$PARTS" != session,mma_check ]; then  # one part, as asked
+    case "$PARTS" in
+        session) session ;;
+        mma_check) mma_check ;;
+        *) echo "PARTS: expected session, mma_check or session,mma_check, got $PARTS" >&2; exit 2 ;;
+    esac
+elif [ "$ONE_GPU" = 1 ]; then  # one after the other, so that neither's timings see the other
     session
     mma_check
 else

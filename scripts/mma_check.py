@@ -26,18 +26,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
 
 from hipkernel import api
 from hipkernel.adapter import HipKernel
-from hipkernel.config import (CANDIDATES, MMA_CANDIDATES, MMA_DEFAULT, MMA_WIDE_CANDIDATES,
-                              WGMMA_CANDIDATES, WGMMA_WS_M_TILES, KernelConfig)
+from hipkernel.config import (CANDIDATES, MMA_CANDIDATES, MMA_DEFAULT, MMA_PACK_CANDIDATES,
+                              MMA_WIDE_CANDIDATES, WGMMA_CANDIDATES, WGMMA_WS_M_TILES,
+                              KernelConfig)
 
-# Every tensor-core config the checks force: mma with one warp per 16 rows and with 32 rows a
-# warp (warp_m = 2), and wgmma (a warpgroup per 64 rows). --configs narrows it.
-MMA_ALL = MMA_CANDIDATES + MMA_WIDE_CANDIDATES + WGMMA_CANDIDATES
+# Every tensor-core config the checks force: mma with one warp per 16 rows, with 32 rows a
+# warp (warp_m = 2) and with packed heads, and wgmma (a warpgroup per 64 rows). --configs
+# narrows it.
+MMA_ALL = MMA_CANDIDATES + MMA_WIDE_CANDIDATES + MMA_PACK_CANDIDATES + WGMMA_CANDIDATES
 
 
 _SECTIONS: list[str] = []
@@ -58,6 +61,9 @@ class ForcedKernel(HipKernel):
             c.update(inputs.config)
         c["path"] = self.cfg.path
         c["warp_m"] = self.cfg.warp_m if c["m_tiles"] % self.cfg.warp_m == 0 else 1
+        # packed heads: the most of cfg.pack that the case's G allows (so cases of G 1, 2, 4
+        # run PACK 1, 2, 4 and the gpt-oss ones PACK 8)
+        c["pack"] = self.cfg.for_group(inputs.q.shape[2] // inputs.k.shape[1]).pack
         if c["path"] == "wgmma":  # 64 rows a warpgroup: keep the case's tiles where allowed
             c["m_tiles"] = c["m_tiles"] if c["m_tiles"] in (4, 8) else self.cfg.m_tiles
             c["bkv"] = c["bkv"] if c["bkv"] in (32, 64, 128) else self.cfg.bkv
@@ -181,12 +187,13 @@ def section_sweep(out: Path) -> list:
 
 def section_mutants(out: Path) -> dict:
     """The kill matrix with a tensor-core path forced (case tiles kept where allowed): at
-    MMA_DEFAULT, the first 32-rows-a-warp config and each head dim's wgmma config."""
+    MMA_DEFAULT, the first 32-rows-a-warp config, the widest packed config (each case at the
+    most of its packing that its G allows) and each head dim's wgmma config."""
     from refattn.cases import load_suites
     from refattn.killmatrix import format_grid, run_kill_matrix
 
     doc = {}
-    for cfg in (MMA_DEFAULT, MMA_WIDE_CANDIDATES[0], *WGMMA_CANDIDATES):
+    for cfg in (MMA_DEFAULT, MMA_WIDE_CANDIDATES[0], MMA_PACK_CANDIDATES[-1], *WGMMA_CANDIDATES):
         if cfg not in MMA_ALL:
             continue  # narrowed away by --configs
         km = run_kill_matrix(lambda mutants, cfg=cfg: ForcedKernel(cfg, mutants=mutants),
@@ -199,11 +206,11 @@ def section_mutants(out: Path) -> dict:
 
 
 def _compile_one(job) -> str:
-    path, d, m_tiles, bkv, mutants, mb, warp_m, ws = job
+    path, d, m_tiles, bkv, mutants, mb, warp_m, ws, pack = job
     from hipkernel.backends import get_backend
 
     be = get_backend("cuda")
-    cfg = KernelConfig(m_tiles, bkv, path, warp_m, ws)
+    cfg = KernelConfig(m_tiles, bkv, path, warp_m, ws, pack)
     t0 = time.perf_counter()
     defines = dict(api.kernel_defines(d, cfg, mutants))
     if mb is not None:
@@ -226,7 +233,7 @@ def prewarm(sections) -> None:
     none = frozenset()
 
     def job(cfg: KernelConfig, d: int, mutants=none, mb=None) -> tuple:
-        return (cfg.path, d, cfg.m_tiles, cfg.bkv, mutants, mb, cfg.warp_m, cfg.ws)
+        return (cfg.path, d, cfg.m_tiles, cfg.bkv, mutants, mb, cfg.warp_m, cfg.ws, cfg.pack)
 
     # the mma tiles the matrix and the kill matrix reach: every candidate, and the cases' own
     # tiles (m1_b32, m4_b32, m4_b64) under each warp_m they allow
@@ -235,6 +242,10 @@ def prewarm(sections) -> None:
     case_tiles += [KernelConfig(4, b, "wgmma") for b in (32, 64)]  # (m1 cases run at m4)
     case_tiles = [c for c in case_tiles if c.path == "mma" and any(x.path == "mma" for x in MMA_ALL)
                   or c.path == "wgmma" and any(x.path == "wgmma" for x in MMA_ALL)]
+    # ... and, for a packed config, those tiles at each packing a case's G may leave it
+    packs = {math.gcd(x.pack, g) for x in MMA_ALL for g in (1, 2, 4, 8)} - {1}
+    case_tiles += [KernelConfig(c.m_tiles, c.bkv, "mma", pack=p) for c in case_tiles
+                   if c.path == "mma" and c.warp_m == 1 for p in sorted(packs)]
     mma_tiles = set(MMA_ALL) | set(case_tiles)
     jobs = set()
     if "matrix" in sections:

@@ -159,6 +159,34 @@ def test_mma_config_accepted_and_checked_against_the_target():
     assert not amd.launches and not amd.calls  # refused before any device call
 
 
+def test_packed_config_launches_its_grid_and_needs_heads_that_share_a_kv_head():
+    """pack = 4 heads a block: -DPACK=4, grid (ceil(Sq / (BM / 4)), Hq / 4, B); a geometry whose
+    G is not a multiple of pack is refused with a ValueError naming the config, before any
+    device call, at the device level and at the NumPy level."""
+    geom = dict(B=1, Sq=40, Hq=8, Hkv=2, d=64, S_cap=64, past_len=24)  # G = 4
+    be = RecordingBackend(arch="sm_90")
+    assert api.flash_prefill_v3(be, 0x100, 0x200, 0x300, 0, 0x500, window=16,
+                                config={"path": "mma", "bkv": 32, "pack": 4}, **geom) == 0
+    launch = be.launches[-1]
+    assert launch["kernel"] == {"HEAD_DIM": 64, "M_TILES": 4, "BKV": 32, "PACK": 4}
+    assert launch["grid"] == (3, 2, 1) and launch["block"] == (128, 1, 1)  # 16 positions a block
+    for bad in (RecordingBackend(arch="sm_90"), RecordingBackend(arch="sm_80")):
+        with pytest.raises(ValueError, match=r"^config: mma_m4_b32_p8 packs 8 query heads a "
+                                             r"block.*G = Hq / Hkv = 4"):
+            api.flash_prefill_v3(bad, 0x100, 0x200, 0x300, 0, 0x500,
+                                 config={"path": "mma", "bkv": 32, "pack": 8}, **geom)
+        assert not bad.calls
+    q, k, v, past = _inputs()
+    G = q.shape[2] // k.shape[1]
+    be = RecordingBackend(arch="sm_90")
+    with pytest.raises(ValueError, match=f"^config: .*G = Hq / Hkv = {G} is not a multiple"):
+        hipkernel.attention(q, k, v, past_len=past, backend=be,
+                            config={"path": "mma", "bkv": 32, "pack": 2 * G})
+    assert be.calls == []
+    with pytest.raises(ValueError, match="^config: pack: 4 heads a block needs path 'mma'"):
+        api.flash_prefill_v3(be, 0x100, 0x200, 0x300, 0, 0x500, config={"pack": 4}, **geom)
+
+
 def test_wgmma_config_needs_an_sm90_target():
     """path "wgmma" runs on sm_90 (its kernels are compiled for sm_90a) only: elsewhere, the
     tensor-core sm_80 included, a ValueError naming the path before any device call; on

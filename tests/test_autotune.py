@@ -103,7 +103,8 @@ def test_sweep_covers_the_targets_candidates():
     """On sm_80+ the sweep adds the mma configs, compiled from the mma source, and on sm_90
     the wgmma tile of the head dim, compiled from the wgmma source; elsewhere only the
     scalar configs run. The winner of an sm_90 key may be an mma config."""
-    from hipkernel.config import MMA_CANDIDATES, MMA_WIDE_CANDIDATES, WGMMA_BY_HEAD_DIM, candidates
+    from hipkernel.config import (MMA_CANDIDATES, MMA_PACK_CANDIDATES, MMA_WIDE_CANDIDATES,
+                                  WGMMA_BY_HEAD_DIM, candidates)
 
     fastest = MMA_CANDIDATES[1]
     path_of = {api.kernel_source(p): p for p in api.KERNEL_FILES}
@@ -119,12 +120,11 @@ def test_sweep_covers_the_targets_candidates():
                           times={(fastest.m_tiles, fastest.bkv): 0.1})
     sources = recording(be)
     prefill_chunk(be, 512)
-    n_cands = len(candidates("sm_90", 64))
-    assert n_cands == len(CANDIDATES) + len(MMA_CANDIDATES) + len(MMA_WIDE_CANDIDATES) + 1
+    n_mma = len(MMA_CANDIDATES) + len(MMA_WIDE_CANDIDATES) + len(MMA_PACK_CANDIDATES)  # G = 8
+    n_cands = len(candidates("sm_90", 64, GEOM["Hq"] // GEOM["Hkv"]))
+    assert n_cands == len(CANDIDATES) + n_mma + 1
     assert len(sources) == n_cands + 1  # one compile per candidate, then the chosen one's
-    assert sources[:n_cands] == (["scalar"] * len(CANDIDATES)
-                                 + ["mma"] * (len(MMA_CANDIDATES) + len(MMA_WIDE_CANDIDATES))
-                                 + ["wgmma"]), sources
+    assert sources[:n_cands] == ["scalar"] * len(CANDIDATES) + ["mma"] * n_mma + ["wgmma"], sources
     assert TUNER.choices()[0]["config"] in {c.name for c in candidates("sm_90")}
     assert WGMMA_BY_HEAD_DIM[64].name in TUNER.choices()[0]["times_ms"], "wgmma tile not timed"
     sm80 = RecordingBackend(arch="sm_80")  # tensor cores, no wgmma
@@ -135,6 +135,24 @@ def test_sweep_covers_the_targets_candidates():
     amd_sources = recording(amd)
     prefill_chunk(amd, 512)
     assert amd_sources == ["scalar"] * (len(CANDIDATES) + 1), amd_sources
+
+
+def test_packed_configs_are_offered_where_G_allows_them():
+    """A packed config's heads share a KV head: the tuner offers it only where G % pack == 0,
+    and the sweep launches it on the packed grid (Sq / (BM / pack), Hq / pack)."""
+    from hipkernel.config import MMA_PACK_CANDIDATES, candidates
+
+    assert {c.pack for c in MMA_PACK_CANDIDATES} == {4, 8}
+    for G, packs in ((1, set()), (2, set()), (4, {4}), (8, {4, 8}), (16, {4, 8})):
+        got = {c.pack for c in candidates("sm_90", 64, G) if c.pack > 1}
+        assert got == packs, G
+    assert {c.pack for c in candidates("sm_90")} >= {4, 8}  # G unknown: every config
+    assert all(c.pack == 1 for c in candidates("gfx942", 64, 8))  # mma only: not on AMD
+    be = RecordingBackend(arch="sm_90")
+    prefill_chunk(be, 512, window=128)
+    grids = {tuple(l["grid"]) for l in be.launches if l["tuning"]}
+    assert (512 // 8, 64 // 8, 1) in grids and (512 // 16, 64 // 4, 1) in grids, grids
+    assert (512 // 64, 64, 1) in grids
 
 
 def test_tune_disabled_uses_the_targets_default(monkeypatch):

@@ -55,7 +55,7 @@ FUZZ_EXAMPLES = int(os.environ.get("REFATTN_FUZZ_EXAMPLES", "50"))
 class ModelBackend(RecordingBackend):
     """A recording backend whose launches compute. Each launch decodes the kernel ABI
     (docs/ARCHITECTURE.md: q, k, v, sink, out, Sq, Hq, Hkv, S_cap, past_len, window,
-    sink_mode, scale; grid z = B; compile defines HEAD_DIM, M_TILES, BKV and mutant macros;
+    sink_mode, scale; grid z = B; compile defines HEAD_DIM, M_TILES, BKV, PACK and mutant macros;
     the kernel path from the source compiled) and writes ``hipkernel.model``'s output into
     the ``out`` buffer."""
 
@@ -76,7 +76,8 @@ class ModelBackend(RecordingBackend):
             self.view(q, (B, Sq, Hq, d)), self.view(k, (B, Hkv, S_cap, d)),
             self.view(v, (B, Hkv, S_cap, d)), past_len=past, window=window,
             sink=self.view(sink, (Hq,)) if mode == 1 else None, smooth_softmax=mode == 2,
-            scale=scale, config=KernelConfig(kernel["M_TILES"], kernel["BKV"], kernel["PATH"]),
+            scale=scale, config=KernelConfig(kernel["M_TILES"], kernel["BKV"], kernel["PATH"],
+                                             pack=kernel.get("PACK", 1)),
             mutants=mutants)
         self.store(out, res)
 
@@ -519,20 +520,21 @@ def test_sanitize_target_runs_every_case_and_restores_the_env(suite_dir, monkeyp
     assert f"{len(CANDIDATES)} calls, 0 bad" in capsys.readouterr().out
     with pytest.raises(ValueError, match="^cache"):
         reliability.sanitize_target(["tiny"], backend=be, cache="loose")
-    # tensor cores: the mma defaults (16 and 32 rows a warp) too, and on sm_90 the wgmma tile
-    # of the head dim
+    # tensor cores: the mma defaults (16 and 32 rows a warp, and packed heads: PACK 2 at these
+    # cases' G = 2) too, and on sm_90 the wgmma tile of the head dim
     sm90 = ModelBackend(arch="sm_90")
     assert reliability.sanitize_target(["tiny"], backend=sm90, judge=True) == 0
     assert {l["kernel"]["PATH"] for l in sm90.launches} == {"scalar", "mma", "wgmma"}
     assert sum(l["kernel"].get("WARP_M") == 2 for l in sm90.launches) == 2  # both d=64 cases
+    assert sum(l["kernel"].get("PACK") == 2 for l in sm90.launches) == 2
     wg = WGMMA_BY_HEAD_DIM[64]
     assert [(l["kernel"]["M_TILES"], l["kernel"]["BKV"]) for l in sm90.launches
             if l["kernel"]["PATH"] == "wgmma"] == [(wg.m_tiles, wg.bkv)] * 2  # both d=64 cases
-    assert "9 calls, 0 bad" in capsys.readouterr().out
+    assert "11 calls, 0 bad" in capsys.readouterr().out
     sm80 = ModelBackend(arch="sm_80")  # mma, no wgmma: two fewer calls
     assert reliability.sanitize_target(["tiny"], backend=sm80, judge=True) == 0
     assert {l["kernel"]["PATH"] for l in sm80.launches} == {"scalar", "mma"}
-    assert "7 calls, 0 bad" in capsys.readouterr().out
+    assert "9 calls, 0 bad" in capsys.readouterr().out
 
 
 def test_sanitize_target_cheapest_first(suite_dir, capsys):

@@ -17,7 +17,8 @@ import pytest
 
 from hipkernel import api, model
 from hipkernel import config as config_module
-from hipkernel.config import (CANDIDATES, DEFAULT, HEAD_DIMS, MMA_CANDIDATES, MMA_WIDE_CANDIDATES,
+from hipkernel.config import (CANDIDATES, DEFAULT, HEAD_DIMS, MMA_CANDIDATES, MMA_PACK_CANDIDATES,
+                              MMA_WIDE_CANDIDATES,
                               WGMMA_BY_HEAD_DIM, WGMMA_CANDIDATES, WGMMA_MAX_STAGES,
                               WGMMA_RESCALE_LOG2, WGMMA_SMEM_BUDGET, KernelConfig, candidates,
                               compiled_variants, default_config, has_mma, has_wgmma)
@@ -321,14 +322,18 @@ def test_mma_config_geometry_and_candidates():
     with pytest.raises(ValueError, match="^bkv"):
         KernelConfig(4, 128, "mma").defines(128)
     assert candidates("gfx1151") == CANDIDATES == candidates("sm_75") == candidates("gfx942", 64)
-    assert candidates("sm_80", 128) == CANDIDATES + MMA_CANDIDATES
-    assert candidates("sm_80", 64) == CANDIDATES + MMA_CANDIDATES + MMA_WIDE_CANDIDATES
+    # packed heads where G allows them (G = None: every config); 1 and 2 allow none
+    P = MMA_PACK_CANDIDATES
+    assert candidates("sm_80", 128, 2) == CANDIDATES + MMA_CANDIDATES
+    assert candidates("sm_80", 128, 4) == CANDIDATES + MMA_CANDIDATES + P[:1]
+    assert candidates("sm_80", 64) == CANDIDATES + MMA_CANDIDATES + MMA_WIDE_CANDIDATES + P
     # sm_90 adds the wgmma tile of the head dim (after the mma ones)
-    assert candidates("sm_90", 128) == CANDIDATES + MMA_CANDIDATES + (WGMMA_BY_HEAD_DIM[128],)
-    assert candidates("sm_90", 64) == (CANDIDATES + MMA_CANDIDATES + MMA_WIDE_CANDIDATES
-                                       + (WGMMA_BY_HEAD_DIM[64],))
+    assert candidates("sm_90", 128, 1) == CANDIDATES + MMA_CANDIDATES + (WGMMA_BY_HEAD_DIM[128],)
+    assert candidates("sm_90", 64, 8) == (CANDIDATES + MMA_CANDIDATES + MMA_WIDE_CANDIDATES + P
+                                          + (WGMMA_BY_HEAD_DIM[64],))
     # d=None: every runnable config, so both wgmma tiles
-    assert candidates("sm_90") == CANDIDATES + MMA_CANDIDATES + MMA_WIDE_CANDIDATES + WGMMA_CANDIDATES
+    assert candidates("sm_90") == (CANDIDATES + MMA_CANDIDATES + MMA_WIDE_CANDIDATES + P
+                                   + WGMMA_CANDIDATES)
     assert candidates("sm_80") == candidates("sm_80", 64)
     assert default_config("sm_90").path == "mma" and default_config("gfx90a") == DEFAULT
 
@@ -346,6 +351,53 @@ def test_wide_mma_config():
                 dict(m_tiles=4, bkv=64, path="mma", warp_m=4)):
         with pytest.raises(ValueError, match="^warp_m"):
             KernelConfig(**bad)
+
+
+def test_packed_mma_config():
+    """pack heads a block: the same rows and threads, BM / pack positions a block, PACK passed
+    to the compiler, a grid of Hq / pack head blocks; mma only; for_group cuts pack to what a
+    geometry's G allows."""
+    c = KernelConfig(4, 32, "mma", pack=8)
+    assert (c.block_rows, c.block_positions, c.threads, c.name) == (64, 8, 128, "mma_m4_b32_p8")
+    assert c.defines(64) == {"HEAD_DIM": 64, "M_TILES": 4, "BKV": 32, "PACK": 8}
+    assert c.grid(Sq=17, Hq=64, B=2) == (3, 8, 2)
+    assert KernelConfig(8, 64, "mma", 2, pack=4).name == "mma_m8_b64_w2_p4"
+    assert [c.supports(G) for G in (1, 2, 4, 8, 16)] == [False, False, False, True, True]
+    assert [c.for_group(G).pack for G in (1, 2, 4, 6, 8, 16)] == [1, 2, 4, 2, 8, 8]
+    assert c.for_group(8) is c and c.for_group(4).name == "mma_m4_b32_p4"
+    with pytest.raises(ValueError, match="^Hq: 12 query heads do not split into blocks of pack=8"):
+        c.grid(Sq=16, Hq=12, B=1)
+    for bad, field in ((dict(pack=3, path="mma"), "pack"), (dict(pack=16, path="mma"), "pack"),
+                       (dict(pack=2), "pack"), (dict(pack=2, path="wgmma"), "pack")):
+        with pytest.raises(ValueError, match=f"^{field}"):
+            KernelConfig(4, 64, **bad)
+
+
+@pytest.mark.parametrize("s", [s for s in SHAPES if s.Hq % s.Hkv == 0 and s.Hq // s.Hkv > 1],
+                         ids=lambda s: s.name)
+def test_packed_model_matches_reference(s):
+    """A packed block walks the KV tiles of its BM / pack positions: every shape with G > 1
+    on the mma path at the most packing its G allows still matches the reference."""
+    base = s.config if s.config.path == "mma" else KernelConfig(s.config.m_tiles, 32, "mma")
+    cfg = replace(base, pack=8).for_group(s.Hq // s.Hkv)
+    assert cfg.pack > 1
+    assert_close(run_model(replace(s, config=cfg)), run_reference(s))
+
+
+@pytest.mark.parametrize("name", [m.name for m in MUTANTS if m.name in KILLERS])
+# no_nan_guard's exp2(-inf - -inf) is the bug itself (np.errstate would not reach the model's
+# worker threads)
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_mutant_is_killed_with_packed_heads(name):
+    """Every killer shape, on the mma path with packed heads (the most its G allows, up to
+    8), still kills its mutant: packing moves the block's start tile and its heads' KV head,
+    which the clamp and GQA mutants act on."""
+    s = KILLERS[name]
+    cfg = KernelConfig(s.config.m_tiles, s.config.bkv, "mma", pack=8).for_group(s.Hq // s.Hkv)
+    s = replace(s, config=cfg)
+    expected = run_reference(s)
+    assert_close(run_model(s), expected)
+    assert killed(run_model(s, mutants={name}), expected), f"{name} survives {s}"
 
 
 def test_mma_model_rounds_p_to_fp16():

@@ -7,11 +7,17 @@
 // Device code only, with the same ABI and entry name as gqa_flash_prefill.hip (so the launch
 // code is shared; docs/ARCHITECTURE.md "Kernel ABI"):
 //   compile-time  HEAD_DIM (64 | 128), M_TILES (16-row groups), BKV (keys per tile),
-//                 WARP_M (16-row groups a warp owns, 1 or 2; default 1)
-//   grid          (ceil(Sq / BM), Hq, B), BM = 16 * M_TILES
-//   block         32 * M_TILES / WARP_M threads: warp w owns query rows [WR w, WR w + WR) of
-//                 the Q tile, WR = 16 * WARP_M; in each 16-row group f of them, lane l holds
-//                 rows g = l >> 2 and g + 8 of the MMA fragments (portable.h)
+//                 WARP_M (16-row groups a warp owns, 1 or 2; default 1),
+//                 PACK (query heads of one KV head a block packs, 1, 2, 4 or 8; default 1)
+//   grid          (ceil(Sq / BP), Hq / PACK, B), BM = 16 * M_TILES rows a block, which are
+//                 BP = BM / PACK query positions of PACK heads: block row r is position
+//                 BP qt + r / PACK of head PACK y + r % PACK (GQA packing: the heads share
+//                 their K/V tiles, and a window spans BP positions, not BM). Needs
+//                 (Hq / Hkv) % PACK == 0, which the host checks.
+//   block         32 * M_TILES / WARP_M threads: warp w owns block rows [WR w, WR w + WR),
+//                 WR = 16 * WARP_M; in each 16-row group f of them, lane l holds rows
+//                 g = l >> 2 and g + 8 of the MMA fragments (portable.h), both of head
+//                 PACK y + g % PACK
 //   shared        static only: KV_STAGES x (K tile + V tile), BKV x (HEAD_DIM + 8) halves each
 //                 (8 halves of padding per row make ldmatrix conflict-free); two stages
 //                 (cp.async double buffering) when they fit in 48 KiB, else one
@@ -66,8 +72,15 @@
 #if (WARP_M != 1 && WARP_M != 2) || M_TILES % WARP_M != 0
 #error "WARP_M must be 1 or 2 and divide M_TILES"
 #endif
+#ifndef PACK
+#define PACK 1
+#endif
+#if PACK != 1 && PACK != 2 && PACK != 4 && PACK != 8
+#error "PACK must be 1, 2, 4 or 8 (it divides the 8 rows g of a fragment half)"
+#endif
 
 #define BM (16 * M_TILES)                // query rows per block
+#define BP (BM / PACK)                   // ... which are BP positions of PACK heads
 #define WR (16 * WARP_M)                 // query rows per warp
 #define NTHREADS (32 * M_TILES / WARP_M) // one warp per WR rows
 #define VPR (HEAD_DIM / 8)        // 16-byte vectors per K/V row
@@ -151,11 +164,13 @@ extern "C" __global__ MMA_LAUNCH_BOUNDS void gqa_flash_prefill(
     const int warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2;  // this lane's fragment rows are g and g + 8
     const int t4 = lane & 3;  // ... and its fragment columns 2 * t4, 2 * t4 + 1 (+ 8)
-    const int qt = hk_block_x(), h = hk_block_y(), b = hk_block_z();
+    const int qt = hk_block_x(), b = hk_block_z();
+    const int h0 = PACK * hk_block_y();  // the block's first head; lane row heads h0 + g % PACK
+    const int h = h0 + g % PACK;         // this lane's rows' head
 #ifdef HIPKERNEL_MUTANT_GQA_MODULO
-    const int kvh = h % Hkv;
+    const int kvh = h0 % Hkv;
 #else
-    const int kvh = h / (Hq / Hkv);  // G = Hq / Hkv query heads share a KV head
+    const int kvh = h0 / (Hq / Hkv);  // G = Hq / Hkv query heads share a KV head
 #endif
     const int skv = past_len + Sq;  // keys that exist; [skv, S_cap) is never read
 #ifdef HIPKERNEL_MUTANT_PAST_LEN_IGNORED
@@ -164,9 +179,9 @@ extern "C" __global__ MMA_LAUNCH_BOUNDS void gqa_flash_prefill(
     const int past = past_len;  // row i sits at absolute position past_len + i
 #endif
 
-    // This block's rows and the KV range they can reach.
-    const int i0 = qt * BM;
-    const int i_last = (i0 + BM < Sq ? i0 + BM : Sq) - 1;
+    // This block's positions and the KV range they can reach.
+    const int i0 = qt * BP;
+    const int i_last = (i0 + BP < Sq ? i0 + BP : Sq) - 1;
     const int p_first = past + i0, p_last = past + i_last;
     const int kv_end = p_last + 1;
     const int kv_start = window > 0 ? (p_first - window + 1 > 0 ? p_first - window + 1 : 0) : 0;
@@ -197,17 +212,18 @@ extern "C" __global__ MMA_LAUNCH_BOUNDS void gqa_flash_prefill(
     const float sig2 = sigma * LOG2E;
 #endif
 
-    // This warp's WR rows; this lane's rows are iw + 16f + g + 8r (group f, r = 0, 1).
-    const int iw = i0 + WR * warp;
+    // This warp's WR rows, at positions [iw, iw + WR / PACK); this lane's rows are block rows
+    // WR w + 16f + g + 8r (group f, r = 0, 1), at positions i0 + (WR w + 16f + g + 8r) / PACK.
+    const int iw = i0 + WR * warp / PACK;
     const bool warp_live = iw < Sq;  // a warp wholly past Sq computes nothing
-    const int pw_first = past + iw, pw_last = pw_first + WR - 1;
+    const int pw_first = past + iw, pw_last = pw_first + WR / PACK - 1;
     int p_r[WARP_M][2], i_r[WARP_M][2];
     bool ok_r[WARP_M][2];
 #pragma unroll
     for (int f = 0; f < WARP_M; ++f)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            i_r[f][r] = iw + 16 * f + g + 8 * r;
+            i_r[f][r] = i0 + (WR * warp + 16 * f + g + 8 * r) / PACK;
             p_r[f][r] = past + i_r[f][r];
             ok_r[f][r] = i_r[f][r] < Sq;  // rows past Sq compute but store nothing
         }
