@@ -9,6 +9,10 @@
 # the launches it checked (hipkernel.reliability.record_body).
 #   OUT=dir bash scripts/h200x2_reliability.sh
 #   ONE_GPU=1 OUT=dir bash scripts/h200x2_reliability.sh   (one H200)
+# On one H200 racecheck over every launch does not fit one 10-minute call with the rest: run it
+# alone first, then the rest with its log (carried into the tree, e.g. untracked under diag/):
+#   PARTS=racecheck RACE_LIMIT=560 ONE_GPU=1 OUT=dir1 bash scripts/h200x2_reliability.sh
+#   RACECHECK_LOG=diag/racecheck.log ONE_GPU=1 OUT=dir2 bash scripts/h200x2_reliability.sh
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1 HIPKERNEL_CACHE_DIR=${HIPKERNEL_CACHE_DIR:-/tmp/hkcache}
 : "${OUT:?set OUT to the output directory}"
@@ -23,9 +27,11 @@ TARGET="python3 -m hipkernel.reliability --sanitize-target --suites seed,extende
 t0=$(date +%s)
 python3 scripts/mma_check.py --sections records --prewarm-only > "$OUT/session.log" 2>&1
 echo "prewarm done after $(( $(date +%s) - t0 )) s" >> "$OUT/session.log"
+KERNEL_LINE="kernel source $(python3 -c 'from hipkernel.api import source_hash; print(source_hash())')"
 racecheck() {
+    echo "$KERNEL_LINE" > "$OUT/racecheck.log"  # what RACECHECK_LOG checks in a later call
     CUDA_VISIBLE_DEVICES=$GPU_B HIPKERNEL_TUNE=0 timeout -k 15 "$RACE_LIMIT" compute-sanitizer --tool racecheck \
-        --error-exitcode 3 $TARGET > "$OUT/racecheck.log" 2>&1
+        --error-exitcode 3 $TARGET >> "$OUT/racecheck.log" 2>&1
     echo "racecheck exit $? after $(( $(date +%s) - t0 )) s" >> "$OUT/racecheck.log"
 }
 memcheck() {
@@ -38,7 +44,25 @@ session() {
         >> "$OUT/session.log" 2>&1
     echo "gpu_session rc=$? after $(( $(date +%s) - t0 )) s" >> "$OUT/session.log"
 }
-if [ "$ONE_GPU" = 1 ]; then  # the sanitizers share GPU 0; the timed bench runs after both
+PARTS=${PARTS:-all}
+RACECHECK_LOG=${RACECHECK_LOG:-}
+if [ "$PARTS" = racecheck ]; then  # racecheck alone, as long as RACE_LIMIT allows
+    racecheck
+    tail -n 2 "$OUT/racecheck.log"
+    exit 0
+elif [ "$PARTS" != all ]; then
+    echo "PARTS: expected all or racecheck, got $PARTS" >&2
+    exit 2
+fi
+if [ -n "$RACECHECK_LOG" ]; then  # an earlier call's racecheck of this tree: no second one
+    if [ "$(head -n 1 "$RACECHECK_LOG")" != "$KERNEL_LINE" ]; then
+        echo "RACECHECK_LOG: $RACECHECK_LOG is not a racecheck of this $KERNEL_LINE" >&2
+        exit 2
+    fi
+    cp "$RACECHECK_LOG" "$OUT/racecheck.log" || exit 2
+    memcheck
+    session
+elif [ "$ONE_GPU" = 1 ]; then  # the sanitizers share GPU 0; the timed bench runs after both
     racecheck &
     memcheck &
     wait
