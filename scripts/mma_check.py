@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -243,7 +242,7 @@ def prewarm(sections) -> None:
     case_tiles = [c for c in case_tiles if c.path == "mma" and any(x.path == "mma" for x in MMA_ALL)
                   or c.path == "wgmma" and any(x.path == "wgmma" for x in MMA_ALL)]
     # ... and, for a packed config, those tiles at each packing a case's G may leave it
-    packs = {math.gcd(x.pack, g) for x in MMA_ALL for g in (1, 2, 4, 8)} - {1}
+    packs = {x.for_group(g).pack for x in MMA_ALL for g in (1, 2, 4, 8)} - {1}
     case_tiles += [KernelConfig(c.m_tiles, c.bkv, "mma", pack=p) for c in case_tiles
                    if c.path == "mma" and c.warp_m == 1 for p in sorted(packs)]
     mma_tiles = set(MMA_ALL) | set(case_tiles)
