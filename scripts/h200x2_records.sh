@@ -10,6 +10,8 @@
 #   ONE_GPU=1 OUT=dir bash scripts/h200x2_records.sh   (one H200: the parts in turn on GPU 0)
 #   PARTS=session (or mma_check) ONE_GPU=1 OUT=dir ...  (one part only: where the two in turn
 #          outlast one call, run them in two calls into two dirs and merge them into one)
+# The device tool brings back at most 8 files of its $OUT: PARTS=session writes 7 (gpus.csv,
+# mma.log, session.log and 4 JSON), so a call that also runs something else writes it elsewhere.
 # Into reports/gpu/, with this script's, h200x2_reliability.sh's and hipkernel.scaling's outputs:
 #   python -m hipkernel.record --collect REC_DIR REL_DIR SCALING_JSON
 set -u
