@@ -55,11 +55,10 @@ sigma = 0; 0: no sink term.
     f     = exp2(m - m_fin), or 0 when m = -inf     (a row that saw nothing: acc = l = 0)
     acc   = acc * f
     l     = l * f + exp2(sig2 - m_fin), the term 0 when sig2 = -inf
-    out   = acc * (1 / l), or 0 when l == 0          -> rounded to fp16
+    out   = acc / l, or 0 when l == 0                -> rounded to fp16
 
 (``l == 0``, not ``l > 0``: l is never negative, and a NaN in l must reach the output
-rather than be laundered into a zero. One correctly rounded reciprocal a row, then one
-product an element: the kernels divide once a row, not once an element.)
+rather than be laundered into a zero.)
 
 Inputs are fp16, arithmetic is fp32 (``np.float32`` throughout, exp2 in fp32), the output
 is fp16. On the tensor-core paths (``config.path`` "mma" or "wgmma") P is rounded to fp16
@@ -245,8 +244,8 @@ def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str]) -> np.ndar
             if "sink_per_tile" not in mut:
                 shift = _F32(0) if "sink_unshifted" in mut else m_fin
                 l = l + np.where(np.isneginf(sig2), _F32(0), np.exp2(sig2 - shift))
-        inv_l = _F32(1) / np.where(l == 0, _F32(1), l)
-        out[:, :, :, i0:i1] = np.where((l == 0)[..., None], _F32(0), acc * inv_l[..., None])
+        l_div = np.where(l == 0, _F32(1), l)
+        out[:, :, :, i0:i1] = np.where((l == 0)[..., None], _F32(0), acc / l_div[..., None])
 
     # Q tiles are independent (as the kernel's blocks are) and NumPy releases the GIL in
     # ufuncs and GEMMs, so they run on a few threads; each writes only its own rows.

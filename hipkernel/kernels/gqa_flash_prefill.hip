@@ -273,18 +273,16 @@ extern "C" __global__ HK_LAUNCH_BOUNDS(NTHREADS) void gqa_flash_prefill(
 #endif
     }
 
-    // out = acc * (1 / l), 0 for a row with nothing in its denominator (a NaN l stays NaN):
-    // one IEEE division a row, as hipkernel/model.py rounds it.
+    // out = acc / l, 0 for a row with nothing in its denominator (a NaN l stays NaN).
     if (row_ok) {
         hk_vec8* orow = (hk_vec8*)(out + (((hk_u64)b * Sq + i) * Hq + h) * HEAD_DIM);
-        const float inv_l = l == 0.0f ? 0.0f : 1.0f / l;
 #pragma unroll
         for (int c = 0; c < NCH; ++c) {
             unsigned int w[4];
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const float lo = l == 0.0f ? 0.0f : acc[c][2 * e] * inv_l;
-                const float hi = l == 0.0f ? 0.0f : acc[c][2 * e + 1] * inv_l;
+                const float lo = l == 0.0f ? 0.0f : acc[c][2 * e] / l;
+                const float hi = l == 0.0f ? 0.0f : acc[c][2 * e + 1] / l;
                 w[e] = hk_pack(lo, hi);
             }
             orow[2 * c + lane_half] = hk_vec(w[0], w[1], w[2], w[3]);

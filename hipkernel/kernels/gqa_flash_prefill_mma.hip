@@ -27,7 +27,7 @@
 // The algorithm is hipkernel/model.py's docstring, the same as the scalar kernel's, step for
 // step: start-tile clamp from the Q tile's first row, the per-row visibility predicate,
 // zero-fill on load of keys j >= skv and j < kv_start, the all-masked-tile NaN guard, the
-// sink epilogue in exp2 space with the max over the sink, out = acc * (1 / l) (0 when l == 0).
+// sink epilogue in exp2 space with the max over the sink, out = acc / l (0 when l == 0).
 // What differs is only how the products are done:
 //   S = Q K^T    Q fragments live in registers for the whole block; K fragments come from
 //                shared memory by ldmatrix, each used by the warp's WARP_M row groups (with
@@ -485,16 +485,14 @@ extern "C" __global__ MMA_LAUNCH_BOUNDS void gqa_flash_prefill(
 #endif
         }
 
-        // out = acc * (1 / l), 0 for a row with nothing in its denominator (a NaN l stays
-        // NaN): one IEEE division a row, not one an element (the model rounds the same way).
+        // out = acc / l, 0 for a row with nothing in its denominator (a NaN l stays NaN).
         // Lane (g, t4) writes dims 8nd + 2 t4, 8nd + 2 t4 + 1 of its row.
         if (ok_r[f][r]) {
             half_t* orow = out + (((hk_u64)b * Sq + i_r[f][r]) * Hq + h) * HEAD_DIM + 2 * t4;
-            const float inv_l = l[f][r] == 0.0f ? 0.0f : 1.0f / l[f][r];
 #pragma unroll
             for (int nd = 0; nd < NB_O; ++nd) {
-                const float lo = l[f][r] == 0.0f ? 0.0f : o[f][nd][2 * r] * inv_l;
-                const float hi = l[f][r] == 0.0f ? 0.0f : o[f][nd][2 * r + 1] * inv_l;
+                const float lo = l[f][r] == 0.0f ? 0.0f : o[f][nd][2 * r] / l[f][r];
+                const float hi = l[f][r] == 0.0f ? 0.0f : o[f][nd][2 * r + 1] / l[f][r];
                 *(unsigned int*)(orow + 8 * nd) = hk_pack_f16x2(lo, hi);
             }
         }
