@@ -16,7 +16,7 @@ A variant is ``[LABEL=]REV@CONFIG[+MACRO=VALUE...]``:
             current tree
     +M=V    a ``-D`` macro added or overridden (``KV_STAGES``, ``LOOKAHEAD``, ``MIN_BLOCKS``,
             ``PRODUCER_REGS``, ...); not the ones that fix the geometry (HEAD_DIM, M_TILES,
-            BKV, WARP_M, WS, PACK: choose another config); KV_STAGES also sizes the dynamic shared
+            BKV, WARP_M, WS, PACK, QWALK: choose another config); KV_STAGES also sizes the dynamic shared
             memory of a wgmma variant
 
 Every variant of a shape runs on one set of resident inputs (``hipkernel.timing.Resident``,
@@ -52,7 +52,7 @@ from hipkernel.config import KernelConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKTREE = "."
-GEOMETRY_MACROS = ("HEAD_DIM", "M_TILES", "BKV", "WARP_M", "WS", "PACK")
+GEOMETRY_MACROS = ("HEAD_DIM", "M_TILES", "BKV", "WARP_M", "WS", "PACK", "QWALK")
 HOST_BOUND = 0.8  # enqueue time / burst time from which a row times the host
 _VARIANT = re.compile(r"(?:(?P<label>[\w.-]+)=)?(?P<rev>[^@=+\s]+)@(?P<config>\w+)"
                       r"(?P<macros>(?:\+\w+=-?\d+)*)\Z")

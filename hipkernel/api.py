@@ -123,14 +123,15 @@ def _check_config(config) -> KernelConfig | None:
     if config is None or isinstance(config, KernelConfig):
         return config
     if isinstance(config, dict):
-        unknown = set(config) - {"m_tiles", "bkv", "path", "warp_m", "ws", "pack"}
+        unknown = set(config) - {"m_tiles", "bkv", "path", "warp_m", "ws", "pack", "walk"}
         if unknown:
             raise ValueError(f"config: unknown keys {sorted(unknown)} (known: m_tiles, bkv, path, "
-                             f"warp_m, ws, pack)")
+                             f"warp_m, ws, pack, walk)")
         try:
             return KernelConfig(config.get("m_tiles", DEFAULT.m_tiles), config.get("bkv", DEFAULT.bkv),
                                 config.get("path", DEFAULT.path), config.get("warp_m", DEFAULT.warp_m),
-                                config.get("ws", DEFAULT.ws), config.get("pack", DEFAULT.pack))
+                                config.get("ws", DEFAULT.ws), config.get("pack", DEFAULT.pack),
+                                config.get("walk", DEFAULT.walk))
         except ValueError as e:
             raise ValueError(f"config: {e}") from None
     raise ValueError(f"config: expected a KernelConfig, a dict or None, got {config!r}")

@@ -1,6 +1,6 @@
 """Compile-time configurations of the fused kernel and the launch geometry they imply.
 
-One kernel binary per (path, HEAD_DIM, M_TILES, BKV, WARP_M, WS, PACK) (docs/ARCHITECTURE.md, "Kernel
+One kernel binary per (path, HEAD_DIM, M_TILES, BKV, WARP_M, WS, PACK, QWALK) (docs/ARCHITECTURE.md, "Kernel
 ABI"; the wgmma path also takes KV_STAGES, which follows from the others):
 
     path    = "scalar"         kernels/gqa_flash_prefill.hip: fp32 FMAs, every GPU (AMD, NVIDIA)
@@ -17,10 +17,13 @@ ABI"; the wgmma path also takes KV_STAGES, which follows from the others):
                                wgmma: each warp 16 rows, each warpgroup 64; with ws
                                (wgmma, m_tiles 8) 128 more: a producer warpgroup that
                                only streams the K/V tiles in
-    grid    = (ceil(Sq / BP), Hq / PACK, B), BP = BM / PACK query positions a block: with
-                               PACK > 1 (mma only) a block's BM rows are BP positions of PACK
-                               query heads that share a KV head (GQA packing; needs
-                               G % PACK == 0, see ``KernelConfig.supports``)
+    grid    = (ceil(Sq / BP / QWALK), Hq / PACK, B), BP = BM / PACK query positions a Q
+                               tile: with PACK > 1 (mma only) a Q tile's BM rows are BP
+                               positions of PACK query heads that share a KV head (GQA
+                               packing; needs G % PACK == 0, see ``KernelConfig.supports``);
+                               with QWALK > 1 (mma only) a block takes QWALK consecutive Q
+                               tiles in turn, and under a window keeps the K/V tiles they
+                               share in a ring (``KernelConfig.ring_serves``)
     BKV                        keys per KV tile, staged in shared memory: static on the
                                scalar and mma paths (48 KiB at most), dynamic on the wgmma
                                path (KV_STAGES tiles, WGMMA_SMEM_BUDGET at most)
@@ -47,6 +50,7 @@ _M_TILES = (1, 2, 4, 8)  # 32..256 threads a block
 _BKV = (16, 32, 64, 128)  # the kernel needs a power of two
 _WARP_M = (1, 2)  # 16-row groups per warp (mma path)
 _PACK = (1, 2, 4, 8)  # query heads a block packs (mma path): a divisor of a fragment's 8 rows
+_WALK = (1, 2, 4, 8)  # Q tiles a block walks (mma path)
 PATHS = ("scalar", "mma", "wgmma")
 TENSOR_CORE_PATHS = ("mma", "wgmma")  # P is rounded to fp16 before P.V (hipkernel.model)
 MMA_MIN_SM = 80  # mma.sync m16n8k16 f16 with fp32 accumulators, ldmatrix, cp.async
@@ -88,9 +92,10 @@ def _check_int(name: str, x, allowed) -> int:
 class KernelConfig:
     """A tile configuration: ``m_tiles`` groups of 16 query rows per block, ``bkv`` keys per
     KV tile, the kernel ``path`` ("scalar", "mma" or "wgmma") that runs it, and (mma only)
-    ``warp_m`` groups of 16 rows per warp and ``pack`` query heads a block (GQA packing), and
-    (wgmma only) ``ws``, a producer warpgroup that streams the K/V tiles in. ``warp_m``,
-    ``pack`` and ``ws`` change only which warp computes a row or loads a tile, not the
+    ``warp_m`` groups of 16 rows per warp, ``pack`` query heads a Q tile (GQA packing) and
+    ``walk`` Q tiles a block, and (wgmma only) ``ws``, a producer warpgroup that streams the
+    K/V tiles in. ``warp_m``, ``pack``, ``walk`` and ``ws`` change only which warp computes a
+    row or loads a tile, not the
     arithmetic: the model (and so every result) depends on ``bkv`` and ``path``, and on the
     wgmma path at d = 64 on lazy rescaling (``rescale_log2``). (``pack`` and ``m_tiles`` set
     which KV tile a block starts at, ``block_positions``; the tiles before a row's first
@@ -102,6 +107,7 @@ class KernelConfig:
     warp_m: int = 1
     ws: bool = False
     pack: int = 1
+    walk: int = 1
 
     def __post_init__(self):
         # 16 groups (512 threads) only on the wgmma path: a warpgroup per 64 rows
@@ -118,6 +124,10 @@ class KernelConfig:
         _check_int("pack", self.pack, _PACK)
         if self.pack != 1 and self.path != "mma":
             raise ValueError(f"pack: {self.pack} heads a block needs path 'mma', got path "
+                             f"{self.path!r}")
+        _check_int("walk", self.walk, _WALK)
+        if self.walk != 1 and self.path != "mma":
+            raise ValueError(f"walk: {self.walk} Q tiles a block needs path 'mma', got path "
                              f"{self.path!r}")
         if not isinstance(self.ws, bool):
             raise ValueError(f"ws: expected True or False, got {self.ws!r}")
@@ -160,7 +170,8 @@ class KernelConfig:
     @property
     def name(self) -> str:
         """Short id, e.g. ``m4_b64`` (scalar), ``mma_m4_b64``, ``mma_m8_b64_w2`` (warp_m 2),
-        ``mma_m4_b32_p8`` (8 heads a block), ``wgmma_m8_b64_ws`` (a producer warpgroup)."""
+        ``mma_m4_b32_p8`` (8 heads a block), ``mma_m4_b32_p4_q4`` (4 Q tiles a block),
+        ``wgmma_m8_b64_ws`` (a producer warpgroup)."""
         base = f"m{self.m_tiles}_b{self.bkv}"
         if self.path != "scalar":
             base = f"{self.path}_{base}"
@@ -168,17 +179,44 @@ class KernelConfig:
             base = f"{base}_w{self.warp_m}"
         if self.pack != 1:
             base = f"{base}_p{self.pack}"
+        if self.walk != 1:
+            base = f"{base}_q{self.walk}"
         return f"{base}_ws" if self.ws else base
 
     def grid(self, Sq: int, Hq: int, B: int) -> tuple[int, int, int]:
-        """Launch grid ``(ceil(Sq / BP), Hq / pack, B)``."""
+        """Launch grid ``(ceil(ceil(Sq / BP) / walk), Hq / pack, B)``."""
         for name, n in (("Sq", Sq), ("Hq", Hq), ("B", B)):
             if not isinstance(n, numbers.Integral) or isinstance(n, bool) or n < 1:
                 raise ValueError(f"{name}: expected an int >= 1, got {n!r}")
         if Hq % self.pack:
             raise ValueError(f"Hq: {Hq} query heads do not split into blocks of pack="
                              f"{self.pack} heads ({self.name})")
-        return (-(-int(Sq) // self.block_positions), int(Hq) // self.pack, int(B))
+        q_tiles = -(-int(Sq) // self.block_positions)
+        return (-(-q_tiles // self.walk), int(Hq) // self.pack, int(B))
+
+    def kv_slots(self, d: int) -> int:
+        """K/V tile buffers the kernel declares at head dim ``d``: ``kv_stages``, or with
+        ``walk`` > 1 on the mma path the ring, as many K + V tiles as static shared memory
+        holds, when that is more."""
+        if self.walk > 1 and self.path == "mma":
+            return max(self.kv_stages(d), SMEM_LIMIT // self._kv_tile_bytes(d))
+        return self.kv_stages(d)
+
+    def ring_serves(self, d: int, window: int, past_len: int) -> bool:
+        """Whether the walking kernel keeps its K/V tiles in the ring for a launch (the
+        kernel's own test, mirrored): ``walk`` > 1 with a ring of more slots than stages, a
+        window (``window`` >= 1), and every Q tile's KV tiles, from its first key p - W + 1
+        to its last p + BP - 1, within ``kv_slots`` tiles. The Q tiles start at positions
+        past_len + BP qt, so their first keys' offsets in a tile take BKV / BP values at
+        most; the bound is checked for each. Otherwise each Q tile streams its KV tiles
+        double-buffered, with the same result."""
+        slots = self.kv_slots(d)
+        if self.walk == 1 or slots <= self.kv_stages(d) or window < 1:
+            return False
+        bp, bkv = self.block_positions, self.bkv
+        spans = ((((past_len + r * bp - window + 1) % bkv) + bp + window - 1 + bkv - 1) // bkv
+                 for r in range(max(1, bkv // bp)))
+        return max(spans) <= slots
 
     def kv_stages(self, d: int) -> int:
         """K/V tile buffers of the kernel: the mma path double-buffers (cp.async) when two
@@ -200,9 +238,10 @@ class KernelConfig:
         """Shared memory of the kernel at head dim ``d`` (static on the scalar and mma paths,
         dynamic on the wgmma path). Scalar: a K and a V tile (``bkv x d`` halves each) and
         the score/probability tile (``BM x bkv`` floats). mma: ``kv_stages`` x (K and V
-        tile, ``bkv x (d + 8)`` halves each); wgmma: the same with ``bkv x d`` halves each."""
+        tile, ``bkv x (d + 8)`` halves each; ``kv_slots`` of them with ``walk``); wgmma: the
+        same with ``bkv x d`` halves each."""
         if self.path in TENSOR_CORE_PATHS:
-            return self.kv_stages(d) * self._kv_tile_bytes(d)
+            return self.kv_slots(d) * self._kv_tile_bytes(d)
         return 2 * self.bkv * d * 2 + self.block_rows * self.bkv * 4
 
     def dynamic_smem_bytes(self, d: int) -> int:
@@ -251,6 +290,8 @@ class KernelConfig:
             defines["WARP_M"] = self.warp_m
         if self.pack != 1:
             defines["PACK"] = self.pack
+        if self.walk != 1:
+            defines["QWALK"] = self.walk
         if self.path == "wgmma":
             defines["KV_STAGES"] = self.kv_stages(d)
         if self.ws:
@@ -282,6 +323,14 @@ WIDE_HEAD_DIMS = (64,)
 # 1-2 % (mma_m8_b64_w2 7.49 -> 7.37 ms at 16384@0), not enough to matter next to wgmma.
 # Offered only where G % pack == 0 (``KernelConfig.supports``).
 MMA_PACK_CANDIDATES = tuple(KernelConfig(4, 32, "mma", pack=p) for p in (4, 8))
+# The packed tiles walking 4 Q tiles a block: under a window, the K/V tiles that consecutive
+# Q tiles share stay in a ring of 5 (48 KiB at d = 64; at d = 128 two K + V tiles fill it, so
+# there is no ring and they are not offered). Bit-identical to the unwalked tile. On the H200
+# (kernel-only, mean of two passes, reports/ab/qwalk-final-w128.json): 16384@0 window 128
+# mma_m4_b32_p4 0.2720 ms, _p4_q4 0.2381, _p8_q4 0.2323; 4096@8192 window 128 0.0734,
+# 0.0664, 0.0651. Walking 2 or 8 Q tiles paid a little less than 4 (reports/ab/qwalk-w128.json).
+MMA_WALK_CANDIDATES = tuple(replace(c, walk=4) for c in MMA_PACK_CANDIDATES)
+WALK_HEAD_DIMS = (64,)
 
 # wgmma: at d = 64 four warpgroups a block (256 rows) on 64-key tiles, 6 stages (96 KiB),
 # each thread loading its share; at d = 128 two warpgroups on 128-key tiles and a producer
@@ -333,8 +382,9 @@ def candidates(arch: str, d: int | None = None, G: int | None = None) -> tuple[K
     """The autotune candidates on target ``arch`` at head dim ``d`` for ``G`` query heads a KV
     head: the scalar configs everywhere, plus the mma configs on NVIDIA sm_80+ (AMD has no
     MMA implementation yet), plus the 32-rows-a-warp mma configs where ``d`` is in
-    ``WIDE_HEAD_DIMS``, plus the packed mma configs that ``G`` allows, plus the wgmma config
-    of ``d`` on sm_90. ``d=None`` / ``G=None``: every config the target can run at some head
+    ``WIDE_HEAD_DIMS``, plus the packed mma configs that ``G`` allows (and where ``d`` is in
+    ``WALK_HEAD_DIMS``, the same walking 4 Q tiles a block), plus the wgmma config of ``d``
+    on sm_90. ``d=None`` / ``G=None``: every config the target can run at some head
     dim / some G (for fuzzing, sanitizer sweeps and the build check; ``KernelConfig.fits`` and
     ``KernelConfig.supports`` say where)."""
     if not has_mma(arch):
@@ -344,7 +394,8 @@ def candidates(arch: str, d: int | None = None, G: int | None = None) -> tuple[K
         wg = ()
     else:  # the tile that wins at this head dim (see WGMMA_CANDIDATES)
         wg = WGMMA_CANDIDATES if d is None else tuple(c for c in (WGMMA_BY_HEAD_DIM.get(d),) if c)
-    packed = tuple(c for c in MMA_PACK_CANDIDATES if G is None or c.supports(G))
+    walking = MMA_WALK_CANDIDATES if d is None or d in WALK_HEAD_DIMS else ()
+    packed = tuple(c for c in MMA_PACK_CANDIDATES + walking if G is None or c.supports(G))
     return CANDIDATES + MMA_CANDIDATES + wide + packed + wg
 
 

@@ -56,9 +56,12 @@ sigma = 0; 0: no sink term.
     acc   = acc * f
     l     = l * f + exp2(sig2 - m_fin), the term 0 when sig2 = -inf
     out   = acc / l, or 0 when l == 0                -> rounded to fp16
+            (tensor-core paths: acc * (1 / l))
 
 (``l == 0``, not ``l > 0``: l is never negative, and a NaN in l must reach the output
-rather than be laundered into a zero.)
+rather than be laundered into a zero. The tensor-core kernels take one correctly rounded
+reciprocal a row and then a product an element, not a division an element; the scalar
+kernel divides, which on sm_80 keeps two of its tiles free of spills.)
 
 Inputs are fp16, arithmetic is fp32 (``np.float32`` throughout, exp2 in fp32), the output
 is fp16. On the tensor-core paths (``config.path`` "mma" or "wgmma") P is rounded to fp16
@@ -141,6 +144,7 @@ def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str]) -> np.ndar
     B, Sq, Hq, Hkv, d, G = a.B, a.Sq, a.Hq, a.Hkv, a.d, a.G
     BM, BKV = config.block_positions, config.bkv  # BM: positions a block (of pack heads)
     p_fp16 = config.path in TENSOR_CORE_PATHS  # P rounded to fp16 before P.V, as the tensor cores take it
+    rcp_l = config.path in TENSOR_CORE_PATHS  # out = acc * (1 / l): their epilogue's rounding
     lazy = config.rescale_log2(a.d)  # 0: every tile rescales
     S_cap, skv, W = k.shape[2], a.skv, a.window
     past = 0 if "past_len_ignored" in mut else a.past_len  # p = i: top-left alignment
@@ -244,8 +248,9 @@ def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str]) -> np.ndar
             if "sink_per_tile" not in mut:
                 shift = _F32(0) if "sink_unshifted" in mut else m_fin
                 l = l + np.where(np.isneginf(sig2), _F32(0), np.exp2(sig2 - shift))
-        l_div = np.where(l == 0, _F32(1), l)
-        out[:, :, :, i0:i1] = np.where((l == 0)[..., None], _F32(0), acc / l_div[..., None])
+        l_nz = np.where(l == 0, _F32(1), l)
+        o = acc * (_F32(1) / l_nz)[..., None] if rcp_l else acc / l_nz[..., None]
+        out[:, :, :, i0:i1] = np.where((l == 0)[..., None], _F32(0), o)
 
     # Q tiles are independent (as the kernel's blocks are) and NumPy releases the GIL in
     # ufuncs and GEMMs, so they run on a few threads; each writes only its own rows.

@@ -28,18 +28,20 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from hipkernel import api
 from hipkernel.adapter import HipKernel
 from hipkernel.config import (CANDIDATES, MMA_CANDIDATES, MMA_DEFAULT, MMA_PACK_CANDIDATES,
-                              MMA_WIDE_CANDIDATES, WGMMA_CANDIDATES, WGMMA_WS_M_TILES,
-                              KernelConfig)
+                              MMA_WALK_CANDIDATES, MMA_WIDE_CANDIDATES, WGMMA_CANDIDATES,
+                              WGMMA_WS_M_TILES, KernelConfig)
 
 # Every tensor-core config the checks force: mma with one warp per 16 rows, with 32 rows a
-# warp (warp_m = 2) and with packed heads, and wgmma (a warpgroup per 64 rows). --configs
-# narrows it.
-MMA_ALL = MMA_CANDIDATES + MMA_WIDE_CANDIDATES + MMA_PACK_CANDIDATES + WGMMA_CANDIDATES
+# warp (warp_m = 2), with packed heads and with packed heads walking Q tiles, and wgmma (a
+# warpgroup per 64 rows). --configs narrows it.
+MMA_ALL = (MMA_CANDIDATES + MMA_WIDE_CANDIDATES + MMA_PACK_CANDIDATES + MMA_WALK_CANDIDATES
+           + WGMMA_CANDIDATES)
 
 
 _SECTIONS: list[str] = []
@@ -63,6 +65,7 @@ class ForcedKernel(HipKernel):
         # packed heads: the most of cfg.pack that the case's G allows (so cases of G 1, 2, 4
         # run PACK 1, 2, 4 and the gpt-oss ones PACK 8)
         c["pack"] = self.cfg.for_group(inputs.q.shape[2] // inputs.k.shape[1]).pack
+        c["walk"] = self.cfg.walk  # Q tiles a block walks (mma only)
         if c["path"] == "wgmma":  # 64 rows a warpgroup: keep the case's tiles where allowed
             c["m_tiles"] = c["m_tiles"] if c["m_tiles"] in (4, 8) else self.cfg.m_tiles
             c["bkv"] = c["bkv"] if c["bkv"] in (32, 64, 128) else self.cfg.bkv
@@ -186,13 +189,15 @@ def section_sweep(out: Path) -> list:
 
 def section_mutants(out: Path) -> dict:
     """The kill matrix with a tensor-core path forced (case tiles kept where allowed): at
-    MMA_DEFAULT, the first 32-rows-a-warp config, the widest packed config (each case at the
-    most of its packing that its G allows) and each head dim's wgmma config."""
+    MMA_DEFAULT, the first 32-rows-a-warp config, the widest packed config walking Q tiles
+    (each case at the most of its packing that its G allows; its Q tiles are the unwalked
+    packed tile's, and under the windows whose KV span fits it keeps their K/V tiles in its
+    ring) and each head dim's wgmma config."""
     from refattn.cases import load_suites
     from refattn.killmatrix import format_grid, run_kill_matrix
 
     doc = {}
-    for cfg in (MMA_DEFAULT, MMA_WIDE_CANDIDATES[0], MMA_PACK_CANDIDATES[-1], *WGMMA_CANDIDATES):
+    for cfg in (MMA_DEFAULT, MMA_WIDE_CANDIDATES[0], MMA_WALK_CANDIDATES[-1], *WGMMA_CANDIDATES):
         if cfg not in MMA_ALL:
             continue  # narrowed away by --configs
         km = run_kill_matrix(lambda mutants, cfg=cfg: ForcedKernel(cfg, mutants=mutants),
@@ -245,6 +250,10 @@ def prewarm(sections) -> None:
     packs = {x.for_group(g).pack for x in MMA_ALL for g in (1, 2, 4, 8)} - {1}
     case_tiles += [KernelConfig(c.m_tiles, c.bkv, "mma", pack=p) for c in case_tiles
                    if c.path == "mma" and c.warp_m == 1 for p in sorted(packs)]
+    # ... and, for a walking config, those (packed) tiles walking as many Q tiles
+    walks = {x.walk for x in MMA_ALL} - {1}
+    case_tiles += [replace(c, walk=w) for c in case_tiles
+                   if c.path == "mma" and c.warp_m == 1 for w in sorted(walks)]
     mma_tiles = set(MMA_ALL) | set(case_tiles)
     jobs = set()
     if "matrix" in sections:

@@ -187,6 +187,25 @@ def test_packed_config_launches_its_grid_and_needs_heads_that_share_a_kv_head():
         api.flash_prefill_v3(be, 0x100, 0x200, 0x300, 0, 0x500, config={"pack": 4}, **geom)
 
 
+def test_walking_config_launches_its_grid():
+    """walk = 4 Q tiles a block: -DQWALK=4 and a grid of ceil(Q tiles / 4) blocks along x;
+    mma only, refused with a ValueError naming walk before any device call."""
+    geom = dict(B=1, Sq=40, Hq=8, Hkv=2, d=64, S_cap=64, past_len=24)  # G = 4
+    be = RecordingBackend(arch="sm_90")
+    assert api.flash_prefill_v3(be, 0x100, 0x200, 0x300, 0, 0x500, window=16,
+                                config={"path": "mma", "bkv": 32, "pack": 4, "walk": 4}, **geom) == 0
+    launch = be.launches[-1]
+    assert launch["kernel"] == {"HEAD_DIM": 64, "M_TILES": 4, "BKV": 32, "PACK": 4, "QWALK": 4}
+    assert launch["grid"] == (1, 2, 1) and launch["block"] == (128, 1, 1)  # 3 Q tiles, one block
+    be = RecordingBackend(arch="sm_90")
+    with pytest.raises(ValueError, match="^config: walk: 4 Q tiles a block needs path 'mma'"):
+        api.flash_prefill_v3(be, 0x100, 0x200, 0x300, 0, 0x500, config={"walk": 4}, **geom)
+    with pytest.raises(ValueError, match=r"^config: walk: expected one of \(1, 2, 4, 8\)"):
+        api.flash_prefill_v3(be, 0x100, 0x200, 0x300, 0, 0x500,
+                             config={"path": "mma", "walk": 3}, **geom)
+    assert not be.calls
+
+
 def test_wgmma_config_needs_an_sm90_target():
     """path "wgmma" runs on sm_90 (its kernels are compiled for sm_90a) only: elsewhere, the
     tensor-core sm_80 included, a ValueError naming the path before any device call; on

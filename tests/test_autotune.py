@@ -103,8 +103,8 @@ def test_sweep_covers_the_targets_candidates():
     """On sm_80+ the sweep adds the mma configs, compiled from the mma source, and on sm_90
     the wgmma tile of the head dim, compiled from the wgmma source; elsewhere only the
     scalar configs run. The winner of an sm_90 key may be an mma config."""
-    from hipkernel.config import (MMA_CANDIDATES, MMA_PACK_CANDIDATES, MMA_WIDE_CANDIDATES,
-                                  WGMMA_BY_HEAD_DIM, candidates)
+    from hipkernel.config import (MMA_CANDIDATES, MMA_PACK_CANDIDATES, MMA_WALK_CANDIDATES,
+                                  MMA_WIDE_CANDIDATES, WGMMA_BY_HEAD_DIM, candidates)
 
     fastest = MMA_CANDIDATES[1]
     path_of = {api.kernel_source(p): p for p in api.KERNEL_FILES}
@@ -120,7 +120,8 @@ def test_sweep_covers_the_targets_candidates():
                           times={(fastest.m_tiles, fastest.bkv): 0.1})
     sources = recording(be)
     prefill_chunk(be, 512)
-    n_mma = len(MMA_CANDIDATES) + len(MMA_WIDE_CANDIDATES) + len(MMA_PACK_CANDIDATES)  # G = 8
+    n_mma = (len(MMA_CANDIDATES) + len(MMA_WIDE_CANDIDATES) + len(MMA_PACK_CANDIDATES)
+             + len(MMA_WALK_CANDIDATES))  # G = 8, d = 64
     n_cands = len(candidates("sm_90", 64, GEOM["Hq"] // GEOM["Hkv"]))
     assert n_cands == len(CANDIDATES) + n_mma + 1
     assert len(sources) == n_cands + 1  # one compile per candidate, then the chosen one's

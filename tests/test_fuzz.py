@@ -55,9 +55,11 @@ FUZZ_EXAMPLES = int(os.environ.get("REFATTN_FUZZ_EXAMPLES", "50"))
 class ModelBackend(RecordingBackend):
     """A recording backend whose launches compute. Each launch decodes the kernel ABI
     (docs/ARCHITECTURE.md: q, k, v, sink, out, Sq, Hq, Hkv, S_cap, past_len, window,
-    sink_mode, scale; grid z = B; compile defines HEAD_DIM, M_TILES, BKV, PACK and mutant macros;
-    the kernel path from the source compiled) and writes ``hipkernel.model``'s output into
-    the ``out`` buffer."""
+    sink_mode, scale; grid z = B; compile defines HEAD_DIM, M_TILES, BKV, PACK, QWALK and
+    mutant macros; the kernel path from the source compiled) and writes ``hipkernel.model``'s
+    output into the ``out`` buffer, for the rows and heads the grid's blocks own (block x of
+    QWALK Q tiles of 16 M_TILES / PACK positions, block y of PACK heads), as the kernel does:
+    a grid too small leaves the rest of ``out`` as it was."""
 
     name = "model-backend"
     force_mutants: frozenset = frozenset()
@@ -77,8 +79,16 @@ class ModelBackend(RecordingBackend):
             self.view(v, (B, Hkv, S_cap, d)), past_len=past, window=window,
             sink=self.view(sink, (Hq,)) if mode == 1 else None, smooth_softmax=mode == 2,
             scale=scale, config=KernelConfig(kernel["M_TILES"], kernel["BKV"], kernel["PATH"],
-                                             pack=kernel.get("PACK", 1)),
+                                             pack=kernel.get("PACK", 1),
+                                             walk=kernel.get("QWALK", 1)),
             mutants=mutants)
+        positions = grid[0] * kernel.get("QWALK", 1) * 16 * kernel["M_TILES"] // kernel.get("PACK", 1)
+        heads = grid[1] * kernel.get("PACK", 1)
+        if positions < Sq or heads < Hq:  # blocks own no more: the rest keeps what it held
+            res = res.copy()
+            held = self.view(out, res.shape)
+            res[:, positions:] = held[:, positions:]
+            res[:, :, heads:] = held[:, :, heads:]
         self.store(out, res)
 
     def view(self, ptr, shape) -> np.ndarray:
@@ -402,6 +412,9 @@ def test_fuzz_covers_the_mma_path_where_the_arch_has_it():
     assert reliability.config_from_name(wide.name) == wide
     ws = KernelConfig(8, 64, "wgmma", ws=True)
     assert reliability.config_from_name(ws.name) == ws
+    walked = KernelConfig(4, 32, "mma", pack=4, walk=4)
+    assert reliability.config_from_name("mma_m4_b32_p4_q4") == walked
+    assert reliability.config_from_name("mma_m4_b64_q2") == KernelConfig(4, 64, "mma", walk=2)
     for bad in ("mma_m8_b64_x2", "wgmma_m8_b64_ws2"):
         with pytest.raises(ValueError, match="^config"):
             reliability.config_from_name(bad)
@@ -520,21 +533,47 @@ def test_sanitize_target_runs_every_case_and_restores_the_env(suite_dir, monkeyp
     assert f"{len(CANDIDATES)} calls, 0 bad" in capsys.readouterr().out
     with pytest.raises(ValueError, match="^cache"):
         reliability.sanitize_target(["tiny"], backend=be, cache="loose")
-    # tensor cores: the mma defaults (16 and 32 rows a warp, and packed heads: PACK 2 at these
-    # cases' G = 2) too, and on sm_90 the wgmma tile of the head dim
+    # tensor cores: the mma defaults (16 and 32 rows a warp, packed heads: PACK 2 at these
+    # cases' G = 2, and packed heads walking 4 Q tiles a block) too, and on sm_90 the wgmma
+    # tile of the head dim
     sm90 = ModelBackend(arch="sm_90")
     assert reliability.sanitize_target(["tiny"], backend=sm90, judge=True) == 0
     assert {l["kernel"]["PATH"] for l in sm90.launches} == {"scalar", "mma", "wgmma"}
     assert sum(l["kernel"].get("WARP_M") == 2 for l in sm90.launches) == 2  # both d=64 cases
-    assert sum(l["kernel"].get("PACK") == 2 for l in sm90.launches) == 2
+    assert sum(l["kernel"].get("PACK") == 2 and "QWALK" not in l["kernel"]
+               for l in sm90.launches) == 2
+    assert sum(l["kernel"].get("QWALK") == 4 for l in sm90.launches) == 2  # both d=64 cases
     wg = WGMMA_BY_HEAD_DIM[64]
     assert [(l["kernel"]["M_TILES"], l["kernel"]["BKV"]) for l in sm90.launches
             if l["kernel"]["PATH"] == "wgmma"] == [(wg.m_tiles, wg.bkv)] * 2  # both d=64 cases
-    assert "11 calls, 0 bad" in capsys.readouterr().out
+    assert "13 calls, 0 bad" in capsys.readouterr().out
     sm80 = ModelBackend(arch="sm_80")  # mma, no wgmma: two fewer calls
     assert reliability.sanitize_target(["tiny"], backend=sm80, judge=True) == 0
     assert {l["kernel"]["PATH"] for l in sm80.launches} == {"scalar", "mma"}
-    assert "9 calls, 0 bad" in capsys.readouterr().out
+    assert "11 calls, 0 bad" in capsys.readouterr().out
+
+
+def test_walking_config_writes_every_row_as_the_unwalked_tile_does():
+    """walk = 4 Q tiles a block: the model backend writes only the rows the grid's blocks own
+    (as the kernel does), so a grid short of a Q tile would leave canaries; none is left, and
+    the output is the unwalked packed tile's, bit for bit (a row's tiles and arithmetic are
+    the same), with and without the ring (window 16 past 300, where 16 positions' keys fit
+    in 5 tiles of 32; no window; window 150, where they do not)."""
+    walked = KernelConfig(4, 32, "mma", pack=2, walk=4)
+    for window, ring in ((16, True), (-1, False), (150, False)):
+        assert walked.ring_serves(64, window, 300) is ring
+        inputs = make_inputs(_case(sq=300, past_len=300, window=window, sink="per_head"))
+        outs = []
+        for cfg in (walked, replace(walked, walk=1)):
+            be = ModelBackend(arch="sm_90")
+            buf = inputs.fresh_out()
+            assert reliability.run_kernel(be, inputs.q, inputs.k, inputs.v, out=buf, config=cfg,
+                                          **inputs.reference_kwargs()) == 0
+            assert be.launches[-1]["grid"] == cfg.grid(300, 4, 1)
+            assert int((buf.view(np.uint16) == OUT_CANARY_BITS).sum()) == 0, (cfg.name, window)
+            outs.append(buf)
+        assert be.launches[-1]["grid"][0] == 10 and walked.grid(300, 4, 1)[0] == 3  # 4 + 4 + 2
+        np.testing.assert_array_equal(outs[0].view(np.uint16), outs[1].view(np.uint16))
 
 
 def test_sanitize_target_cheapest_first(suite_dir, capsys):

@@ -18,6 +18,7 @@ import pytest
 from hipkernel import api, model
 from hipkernel import config as config_module
 from hipkernel.config import (CANDIDATES, DEFAULT, HEAD_DIMS, MMA_CANDIDATES, MMA_PACK_CANDIDATES,
+                              MMA_WALK_CANDIDATES,
                               MMA_WIDE_CANDIDATES,
                               WGMMA_BY_HEAD_DIM, WGMMA_CANDIDATES, WGMMA_MAX_STAGES,
                               WGMMA_RESCALE_LOG2, WGMMA_SMEM_BUDGET, KernelConfig, candidates,
@@ -322,17 +323,19 @@ def test_mma_config_geometry_and_candidates():
     with pytest.raises(ValueError, match="^bkv"):
         KernelConfig(4, 128, "mma").defines(128)
     assert candidates("gfx1151") == CANDIDATES == candidates("sm_75") == candidates("gfx942", 64)
-    # packed heads where G allows them (G = None: every config); 1 and 2 allow none
-    P = MMA_PACK_CANDIDATES
+    # packed heads where G allows them (G = None: every config); 1 and 2 allow none; walking
+    # Q tiles (the packed tiles, walking 4) at d = 64 only, where the ring exists
+    P, W = MMA_PACK_CANDIDATES, MMA_WALK_CANDIDATES
     assert candidates("sm_80", 128, 2) == CANDIDATES + MMA_CANDIDATES
     assert candidates("sm_80", 128, 4) == CANDIDATES + MMA_CANDIDATES + P[:1]
-    assert candidates("sm_80", 64) == CANDIDATES + MMA_CANDIDATES + MMA_WIDE_CANDIDATES + P
+    assert candidates("sm_80", 64, 4) == CANDIDATES + MMA_CANDIDATES + MMA_WIDE_CANDIDATES + P[:1] + W[:1]
+    assert candidates("sm_80", 64) == CANDIDATES + MMA_CANDIDATES + MMA_WIDE_CANDIDATES + P + W
     # sm_90 adds the wgmma tile of the head dim (after the mma ones)
     assert candidates("sm_90", 128, 1) == CANDIDATES + MMA_CANDIDATES + (WGMMA_BY_HEAD_DIM[128],)
     assert candidates("sm_90", 64, 8) == (CANDIDATES + MMA_CANDIDATES + MMA_WIDE_CANDIDATES + P
-                                          + (WGMMA_BY_HEAD_DIM[64],))
+                                          + W + (WGMMA_BY_HEAD_DIM[64],))
     # d=None: every runnable config, so both wgmma tiles
-    assert candidates("sm_90") == (CANDIDATES + MMA_CANDIDATES + MMA_WIDE_CANDIDATES + P
+    assert candidates("sm_90") == (CANDIDATES + MMA_CANDIDATES + MMA_WIDE_CANDIDATES + P + W
                                    + WGMMA_CANDIDATES)
     assert candidates("sm_80") == candidates("sm_80", 64)
     assert default_config("sm_90").path == "mma" and default_config("gfx90a") == DEFAULT
@@ -371,6 +374,71 @@ def test_packed_mma_config():
                        (dict(pack=2), "pack"), (dict(pack=2, path="wgmma"), "pack")):
         with pytest.raises(ValueError, match=f"^{field}"):
             KernelConfig(4, 64, **bad)
+
+
+def test_walking_mma_config():
+    """walk Q tiles a block: the same Q tiles, rows and threads; QWALK passed to the compiler;
+    a grid of ceil(Q tiles / walk) blocks along x (none empty); at d = 64 (64-row tiles of
+    32 keys) a ring of 5 K + V tiles, 46080 bytes of the 48 KiB; at d = 128 two fill it, so
+    it has the unwalked tile's 2 stages; mma only."""
+    c = KernelConfig(4, 32, "mma", pack=4, walk=4)
+    assert (c.block_rows, c.block_positions, c.threads, c.name) == (64, 16, 128, "mma_m4_b32_p4_q4")
+    assert c.defines(64) == {"HEAD_DIM": 64, "M_TILES": 4, "BKV": 32, "PACK": 4, "QWALK": 4}
+    for Sq in (1, 16, 17, 64, 65, 500, 16384):
+        q_tiles = -(-Sq // 16)
+        gx = c.grid(Sq=Sq, Hq=64, B=2)[0]
+        assert gx * 4 >= q_tiles > (gx - 1) * 4, Sq  # every Q tile, and no block without one
+    assert c.grid(Sq=500, Hq=64, B=2) == (8, 16, 2)
+    assert (c.kv_slots(64), c.smem_bytes(64)) == (5, 5 * 2 * 32 * 72 * 2)
+    assert (c.kv_slots(128), c.smem_bytes(128)) == (2, 2 * 2 * 32 * 136 * 2)
+    assert replace(c, walk=1).smem_bytes(64) == 2 * 2 * 32 * 72 * 2
+    assert c.for_group(2).name == "mma_m4_b32_p2_q4"
+    assert all(w.walk == 4 and w.fits(64) for w in MMA_WALK_CANDIDATES)
+    for bad in (dict(walk=3, path="mma"), dict(walk=16, path="mma"), dict(walk=2),
+                dict(walk=2, path="wgmma")):
+        with pytest.raises(ValueError, match="^walk"):
+            KernelConfig(4, 64, **bad)
+
+
+def _kv_spans(cfg: KernelConfig, Sq: int, window: int, past_len: int) -> list[int]:
+    """Each Q tile's KV tiles as the kernel computes them: from the tile of its first row's
+    first key max(0, p - W + 1) to the tile of its last row p_last (window >= 1)."""
+    bp, bkv = cfg.block_positions, cfg.bkv
+    spans = []
+    for i0 in range(0, Sq, bp):
+        p_first, p_last = past_len + i0, past_len + min(i0 + bp, Sq) - 1
+        spans.append(-(-(p_last + 1) // bkv) - max(0, p_first - window + 1) // bkv)
+    return spans
+
+
+def test_ring_serves_exactly_the_launches_whose_spans_fit():
+    """KernelConfig.ring_serves mirrors the kernel's test (one bound from the Q tiles' first
+    positions mod BKV). It must be sound: where it says the ring serves, every Q tile's KV
+    tiles fit in the ring (else the kernel would overwrite a tile still in use). And where it
+    says no, some long enough launch at that alignment does not fit."""
+    rng = np.random.default_rng(7)
+    for cfg in (*MMA_WALK_CANDIDATES, KernelConfig(4, 32, "mma", pack=2, walk=2),
+                KernelConfig(2, 32, "mma", walk=8), KernelConfig(4, 16, "mma", pack=8, walk=4)):
+        slots = cfg.kv_slots(64)
+        for _ in range(300):
+            window, past = int(rng.integers(1, 200)), int(rng.integers(0, 3000))
+            Sq = int(rng.integers(1, 400))
+            spans = _kv_spans(cfg, Sq, window, past)
+            # the same alignment (past mod BKV), far enough from 0 that no key is clamped
+            far = past + cfg.bkv * -(-window // cfg.bkv)
+            long = _kv_spans(cfg, 64 * cfg.block_positions, window, far)
+            if cfg.ring_serves(64, window, past):
+                assert max(spans) <= slots, (cfg.name, window, past, Sq)
+            else:
+                assert max(long) > slots, (cfg.name, window, past)
+    # the bench's window-128 shapes (past multiples of 32) are served at 16 and 8 positions
+    for c in MMA_WALK_CANDIDATES:
+        assert all(c.ring_serves(64, 128, past) for past in (0, 512, 8192, 15872))
+        assert not c.ring_serves(64, -1, 8192)  # full attention: no ring
+        assert not c.ring_serves(128, 128, 8192)  # d = 128: no ring
+        assert not replace(c, walk=1).ring_serves(64, 128, 8192)
+    p4, p8 = MMA_WALK_CANDIDATES  # past 8209: the first key at offset 18 of its tile
+    assert not p4.ring_serves(64, 128, 8209) and p8.ring_serves(64, 128, 8209) is False
 
 
 @pytest.mark.parametrize("s", [s for s in SHAPES if s.Hq % s.Hkv == 0 and s.Hq // s.Hkv > 1],

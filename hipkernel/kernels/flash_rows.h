@@ -9,7 +9,7 @@
 //   row state    m[r], l[r] row g + 8 r; the 4 lanes of a row hold the same values
 // The steps are hipkernel/model.py's docstring: the visibility predicate, the online softmax
 // with its NaN guard, the sink epilogue in exp2 space with the max taken over the sink, and
-// out = acc / l (0 when l == 0). The mutant macros bite here exactly as in the scalar kernel.
+// out = acc * (1 / l) (0 when l == 0). The mutant macros bite here exactly as in the scalar kernel.
 
 #define LOG2E 1.4426950408889634f  // exp(x) = exp2(x * LOG2E)
 // RESCALE_LOG2 > 0: rescale acc and l only when a row's max grows by more than that (see
@@ -144,7 +144,7 @@ HK_INLINE void p_fragment(unsigned int (&pa)[4], const float (&s)[NB_S][4], int 
 }
 
 // Epilogue of the group: fold the sink into the denominator once, with the max taken over
-// it too, then out = acc / l (0 for a row with nothing in its denominator; a NaN l stays
+// it too, then out = acc * (1 / l) (0 for a row with nothing in its denominator; a NaN l stays
 // NaN). orow[r] points at dim 2 t4 of row g + 8 r's output, or is null for a row past Sq.
 template <int NB_O>
 HK_INLINE void finish_rows(float (&o)[NB_O][4], const float (&m)[2], float (&l)[2], bool has_sink,
@@ -173,10 +173,11 @@ HK_INLINE void finish_rows(float (&o)[NB_O][4], const float (&m)[2], float (&l)[
 #endif
         }
         if (orow[r] != nullptr) {  // lane (g, t4) writes dims 8 nd + 2 t4, + 1 of its row
+            const float inv_l = hk_rcp(l[r]);  // one reciprocal a row (l == 0: inf, not used)
 #pragma unroll
             for (int nd = 0; nd < NB_O; ++nd) {
-                const float lo = l[r] == 0.0f ? 0.0f : o[nd][2 * r] / l[r];
-                const float hi = l[r] == 0.0f ? 0.0f : o[nd][2 * r + 1] / l[r];
+                const float lo = l[r] == 0.0f ? 0.0f : o[nd][2 * r] * inv_l;
+                const float hi = l[r] == 0.0f ? 0.0f : o[nd][2 * r + 1] * inv_l;
                 *(unsigned int*)(orow[r] + 8 * nd) = hk_pack_f16x2(lo, hi);
             }
         }

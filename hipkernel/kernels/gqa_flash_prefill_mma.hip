@@ -8,9 +8,11 @@
 // code is shared; docs/ARCHITECTURE.md "Kernel ABI"):
 //   compile-time  HEAD_DIM (64 | 128), M_TILES (16-row groups), BKV (keys per tile),
 //                 WARP_M (16-row groups a warp owns, 1 or 2; default 1),
-//                 PACK (query heads of one KV head a block packs, 1, 2, 4 or 8; default 1)
-//   grid          (ceil(Sq / BP), Hq / PACK, B), BM = 16 * M_TILES rows a block, which are
-//                 BP = BM / PACK query positions of PACK heads: block row r is position
+//                 PACK (query heads of one KV head a block packs, 1, 2, 4 or 8; default 1),
+//                 QWALK (Q tiles a block walks, 1, 2, 4 or 8; default 1)
+//   grid          (ceil(ceil(Sq / BP) / QWALK), Hq / PACK, B): block x takes Q tiles
+//                 [QWALK x, QWALK x + QWALK) in turn. A Q tile is BM = 16 * M_TILES rows,
+//                 BP = BM / PACK query positions of PACK heads: row r of Q tile qt is position
 //                 BP qt + r / PACK of head PACK y + r % PACK (GQA packing: the heads share
 //                 their K/V tiles, and a window spans BP positions, not BM). Needs
 //                 (Hq / Hkv) % PACK == 0, which the host checks.
@@ -20,14 +22,15 @@
 //                 PACK y + g % PACK
 //   shared        static only: KV_STAGES x (K tile + V tile), BKV x (HEAD_DIM + 8) halves each
 //                 (8 halves of padding per row make ldmatrix conflict-free); two stages
-//                 (cp.async double buffering) when they fit in 48 KiB, else one
+//                 (cp.async double buffering) when they fit in 48 KiB, else one; with
+//                 QWALK > 1, KV_RING of them when that is more (as many as fit in 48 KiB)
 //                 (hipkernel.config.KernelConfig.smem_bytes mirrors this)
 //   pointers      q, k, v, out 16-byte aligned
 //
 // The algorithm is hipkernel/model.py's docstring, the same as the scalar kernel's, step for
 // step: start-tile clamp from the Q tile's first row, the per-row visibility predicate,
 // zero-fill on load of keys j >= skv and j < kv_start, the all-masked-tile NaN guard, the
-// sink epilogue in exp2 space with the max over the sink, out = acc / l (0 when l == 0).
+// sink epilogue in exp2 space with the max over the sink, out = acc * (1 / l) (0 when l == 0).
 // What differs is only how the products are done:
 //   S = Q K^T    Q fragments live in registers for the whole block; K fragments come from
 //                shared memory by ldmatrix, each used by the warp's WARP_M row groups (with
@@ -90,6 +93,19 @@
 #define KV_STAGES 2  // double-buffered: tile t + 1 streams in while tile t is computed
 #else
 #define KV_STAGES 1
+#endif
+// QWALK = n > 1: block x walks the n consecutive Q tiles [n x, n x + n) of its heads, one
+// after the other. Under a window whose KV span fits the ring, the K/V tiles they share stay
+// in a ring of KV_RING slots (as many K + V tiles as 48 KiB holds) and each is loaded once;
+// otherwise each Q tile streams its KV tiles double-buffered, as a block of one Q tile does.
+#ifndef QWALK
+#define QWALK 1
+#endif
+#define KV_RING ((48 * 1024) / (2 * KV_TILE * 2))
+#if QWALK > 1 && KV_RING > KV_STAGES
+#define KV_SLOTS KV_RING
+#else
+#define KV_SLOTS KV_STAGES
 #endif
 #define NB_S (BKV / 8)        // 8-key blocks of the score tile (MMA n)
 #define KC_S (HEAD_DIM / 16)  // 16-dim chunks of Q K^T (MMA k)
@@ -157,14 +173,14 @@ extern "C" __global__ MMA_LAUNCH_BOUNDS void gqa_flash_prefill(
     int window,                      // -1 = none, else W >= 1 keys (ORT convention)
     int sink_mode,                   // 0 none, 1 per-head sink[h], 2 smooth (sigma = 0)
     float scale) {
-    __shared__ __attribute__((aligned(16))) half_t k_s[KV_STAGES * KV_TILE];  // keys x dims
-    __shared__ __attribute__((aligned(16))) half_t v_s[KV_STAGES * KV_TILE];
+    __shared__ __attribute__((aligned(16))) half_t k_s[KV_SLOTS * KV_TILE];  // keys x dims
+    __shared__ __attribute__((aligned(16))) half_t v_s[KV_SLOTS * KV_TILE];
 
     const int tid = hk_thread_x();
     const int warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2;  // this lane's fragment rows are g and g + 8
     const int t4 = lane & 3;  // ... and its fragment columns 2 * t4, 2 * t4 + 1 (+ 8)
-    const int qt = hk_block_x(), b = hk_block_z();
+    const int b = hk_block_z();
     const int h0 = PACK * hk_block_y();  // the block's first head; lane row heads h0 + g % PACK
     const int h = h0 + g % PACK;         // this lane's rows' head
 #ifdef HIPKERNEL_MUTANT_GQA_MODULO
@@ -179,322 +195,390 @@ extern "C" __global__ MMA_LAUNCH_BOUNDS void gqa_flash_prefill(
     const int past = past_len;  // row i sits at absolute position past_len + i
 #endif
 
-    // This block's positions and the KV range they can reach.
-    const int i0 = qt * BP;
-    const int i_last = (i0 + BP < Sq ? i0 + BP : Sq) - 1;
-    const int p_first = past + i0, p_last = past + i_last;
-    const int kv_end = p_last + 1;
-    const int kv_start = window > 0 ? (p_first - window + 1 > 0 ? p_first - window + 1 : 0) : 0;
-    // Start-tile clamp from the tile's FIRST row: the rows' lower bounds p - W + 1 are
-    // non-decreasing, so this start covers every row and the mask trims the rest.
-#ifdef HIPKERNEL_MUTANT_CLAMP_FROM_LAST_ROW
-    int t0 = window > 0 ? (p_last - window + 1 > 0 ? p_last - window + 1 : 0) / BKV : 0;
+#if QWALK > 1
+    // The ring serves a launch whose every Q tile's KV tiles fit in it: a window, and at
+    // most KV_SLOTS tiles from a Q tile's first key (p - W + 1, at offset lo in its tile)
+    // to its last (p + BP - 1). The offsets depend on the Q tiles' first positions mod BKV
+    // only, so one bound holds for every block (hipkernel.config.KernelConfig.ring_serves
+    // mirrors it).
+    bool ring = false;
+#if KV_SLOTS > KV_STAGES
+    if (window > 0) {
+        int span_max = 0;
+        for (int r = 0; r < (BKV > BP ? BKV / BP : 1); ++r) {
+            const int lo = ((past + r * BP - window + 1) % BKV + BKV) % BKV;
+            const int span = (lo + BP + window - 1 + BKV - 1) / BKV;
+            span_max = span > span_max ? span : span_max;
+        }
+        ring = span_max <= KV_SLOTS;
+    }
+#endif
+    const int nqt = (Sq + BP - 1) / BP;
+    const int qt_first = hk_block_x() * QWALK;
+    const int qt_stop = qt_first + QWALK < nqt ? qt_first + QWALK : nqt;
+    int loaded = 0;  // with the ring: the next KV tile to load (the ring holds those below)
+    for (int qt = qt_first; qt < qt_stop; ++qt) {
 #else
-    int t0 = kv_start / BKV;
+    {
+        const int qt = hk_block_x();
+#endif
+        // This Q tile's positions and the KV range they can reach.
+        const int i0 = qt * BP;
+        const int i_last = (i0 + BP < Sq ? i0 + BP : Sq) - 1;
+        const int p_first = past + i0, p_last = past + i_last;
+        const int kv_end = p_last + 1;
+        const int kv_start = window > 0 ? (p_first - window + 1 > 0 ? p_first - window + 1 : 0) : 0;
+        // Start-tile clamp from the tile's FIRST row: the rows' lower bounds p - W + 1 are
+        // non-decreasing, so this start covers every row and the mask trims the rest.
+#ifdef HIPKERNEL_MUTANT_CLAMP_FROM_LAST_ROW
+        int t0 = window > 0 ? (p_last - window + 1 > 0 ? p_last - window + 1 : 0) / BKV : 0;
+#else
+        int t0 = kv_start / BKV;
 #endif
 #ifdef HIPKERNEL_MUTANT_CLAMP_PLUS_ONE_TILE
-    t0 += 1;
+        t0 += 1;
 #endif
-    const int t_end = (kv_end + BKV - 1) / BKV;
+        const int t_end = (kv_end + BKV - 1) / BKV;
 
-    // The sink logit in exp2 space; the epilogue folds it in once.
+        // The sink logit in exp2 space; the epilogue folds it in once.
 #if defined(HIPKERNEL_MUTANT_SINK_IGNORED)
-    const bool has_sink = false;
+        const bool has_sink = false;
 #elif defined(HIPKERNEL_MUTANT_SMOOTH_IGNORED)
-    const bool has_sink = sink_mode == 1;
+        const bool has_sink = sink_mode == 1;
 #else
-    const bool has_sink = sink_mode == 1 || sink_mode == 2;
+        const bool has_sink = sink_mode == 1 || sink_mode == 2;
 #endif
-    const float sigma = sink_mode == 1 ? hk_h2f(sink[h]) : 0.0f;
+        const float sigma = sink_mode == 1 ? hk_h2f(sink[h]) : 0.0f;
 #ifdef HIPKERNEL_MUTANT_SINK_NO_LOG2E
-    const float sig2 = sigma;
+        const float sig2 = sigma;
 #else
-    const float sig2 = sigma * LOG2E;
+        const float sig2 = sigma * LOG2E;
 #endif
 
-    // This warp's WR rows, at positions [iw, iw + WR / PACK); this lane's rows are block rows
-    // WR w + 16f + g + 8r (group f, r = 0, 1), at positions i0 + (WR w + 16f + g + 8r) / PACK.
-    const int iw = i0 + WR * warp / PACK;
-    const bool warp_live = iw < Sq;  // a warp wholly past Sq computes nothing
-    const int pw_first = past + iw, pw_last = pw_first + WR / PACK - 1;
-    int p_r[WARP_M][2], i_r[WARP_M][2];
-    bool ok_r[WARP_M][2];
+        // This warp's WR rows, at positions [iw, iw + WR / PACK); this lane's rows are block rows
+        // WR w + 16f + g + 8r (group f, r = 0, 1), at positions i0 + (WR w + 16f + g + 8r) / PACK.
+        const int iw = i0 + WR * warp / PACK;
+        const bool warp_live = iw < Sq;  // a warp wholly past Sq computes nothing
+        const int pw_first = past + iw, pw_last = pw_first + WR / PACK - 1;
+        int p_r[WARP_M][2], i_r[WARP_M][2];
+        bool ok_r[WARP_M][2];
 #pragma unroll
-    for (int f = 0; f < WARP_M; ++f)
+        for (int f = 0; f < WARP_M; ++f)
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            i_r[f][r] = i0 + (WR * warp + 16 * f + g + 8 * r) / PACK;
-            p_r[f][r] = past + i_r[f][r];
-            ok_r[f][r] = i_r[f][r] < Sq;  // rows past Sq compute but store nothing
-        }
-
-    // Q as A fragments, for the whole block: qf[f][kc] holds dims [16kc, 16kc + 16) of group f.
-    unsigned int qf[WARP_M][KC_S][4];
-#pragma unroll
-    for (int f = 0; f < WARP_M; ++f) {
-        const half_t* qrow[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r)
-            qrow[r] = q + (((hk_u64)b * Sq + (ok_r[f][r] ? i_r[f][r] : 0)) * Hq + h) * HEAD_DIM + 2 * t4;
-#pragma unroll
-        for (int kc = 0; kc < KC_S; ++kc)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {  // e: (row g, k lo) (row g+8, k lo) (g, k hi) (g+8, k hi)
-                const int r = e & 1;
-                qf[f][kc][e] = ok_r[f][r] ? *(const unsigned int*)(qrow[r] + 16 * kc + 8 * (e >> 1)) : 0u;
+            for (int r = 0; r < 2; ++r) {
+                i_r[f][r] = i0 + (WR * warp + 16 * f + g + 8 * r) / PACK;
+                p_r[f][r] = past + i_r[f][r];
+                ok_r[f][r] = i_r[f][r] < Sq;  // rows past Sq compute but store nothing
             }
-    }
-    const float c2 = scale * LOG2E;  // s2 = c2 * dot(q, k): logits in exp2 space
 
-    // Online-softmax state of this lane's rows (the 4 lanes of a row hold the same m, l).
-    float m[WARP_M][2], l[WARP_M][2];
-    float o[WARP_M][NB_O][4];  // O accumulator fragments: o[f][nd] holds dims [8nd, 8nd + 8)
+        // Q as A fragments, for the whole block: qf[f][kc] holds dims [16kc, 16kc + 16) of group f.
+        unsigned int qf[WARP_M][KC_S][4];
 #pragma unroll
-    for (int f = 0; f < WARP_M; ++f) {
+        for (int f = 0; f < WARP_M; ++f) {
+            const half_t* qrow[2];
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            m[f][r] = hk_neg_inf();
-            l[f][r] = 0.0f;
-        }
+            for (int r = 0; r < 2; ++r)
+                qrow[r] = q + (((hk_u64)b * Sq + (ok_r[f][r] ? i_r[f][r] : 0)) * Hq + h) * HEAD_DIM + 2 * t4;
 #pragma unroll
-        for (int nd = 0; nd < NB_O; ++nd)
+            for (int kc = 0; kc < KC_S; ++kc)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) o[f][nd][e] = 0.0f;
-    }
-
-    const hk_u64 kv_base = ((hk_u64)b * Hkv + kvh) * (hk_u64)S_cap * HEAD_DIM;
-    const half_t* kg = k + kv_base;
-    const half_t* vg = v + kv_base;
-    const unsigned int k_s0 = hk_smem_u32(k_s), v_s0 = hk_smem_u32(v_s);
-    // ldmatrix row addresses of this lane (bytes), relative to a tile:
-    //   K (x4 = dims 32kk + 8m, m = lane >> 3, of keys 8nb + (lane & 7)): b0, b1 of chunk 2kk
-    //     and b0, b1 of chunk 2kk + 1, for key block nb;
-    //   V (x4.trans = keys 16kc + (lane & 7) + 8 ((lane >> 3) & 1), dims 8 (nd + (lane >> 4))):
-    //     b0, b1 of dim block nd, then b0, b1 of dim block nd + 1, for key chunk kc.
-    const unsigned int k_lane = 2u * ((lane & 7) * KV_STRIDE + 8 * (lane >> 3));
-    const unsigned int v_lane = 2u * (((lane & 7) + 8 * ((lane >> 3) & 1)) * KV_STRIDE + 8 * (lane >> 4));
-
-    // Stage KV tile t into buffer st: 16-byte cp.async per thread, zero-filling keys no row
-    // of this block may see: past skv (cache padding) and below kv_start (below every row's
-    // window). P.V multiplies p = 0 by them, and 0 * NaN would still be NaN. One pass of the
-    // block copies LD_KEYS key rows; thread tid copies column ld_c of rows ld_key + LD_KEYS i.
-#define LD_KEYS (NTHREADS / VPR)
-    const int ld_key = tid / VPR, ld_c = tid % VPR;
-    const hk_u64 ld_src = (hk_u64)ld_key * HEAD_DIM + 8 * ld_c;
-    const unsigned int ld_dst = 2u * (ld_key * KV_STRIDE + 8 * ld_c);
-    auto load_tile = [&](int t, int st) {
-        const int j0 = t * BKV;
-        const half_t* kt = kg + ((hk_u64)j0 * HEAD_DIM + ld_src);
-        const half_t* vt = vg + ((hk_u64)j0 * HEAD_DIM + ld_src);
-#pragma unroll
-        for (int it = 0; it < (BKV + LD_KEYS - 1) / LD_KEYS; ++it) {
-            const int key = ld_key + it * LD_KEYS;
-            if (BKV % LD_KEYS == 0 || key < BKV) {
-                const int j = j0 + key;
-#ifdef HIPKERNEL_MUTANT_TAIL_UNMASKED
-                const bool keep = j >= kv_start && j < S_cap;  // raw past skv: NaN canaries
-#else
-                const bool keep = j >= kv_start && j < skv;
-#endif
-                // a key not kept reads nothing (src-size 0); its address is the base anyway
-                const unsigned int dst = ld_dst + 2u * (st * KV_TILE + it * LD_KEYS * KV_STRIDE);
-                hk_cp_async_16(k_s0 + dst, keep ? kt + it * LD_KEYS * HEAD_DIM : kg, keep);
-                hk_cp_async_16(v_s0 + dst, keep ? vt + it * LD_KEYS * HEAD_DIM : vg, keep);
-            }
-        }
-        hk_cp_async_commit();
-    };
-
-    if (t0 < t_end) load_tile(t0, 0);
-    for (int t = t0; t < t_end; ++t) {
-#if KV_STAGES == 2
-        const int st = (t - t0) & 1;
-        if (t + 1 < t_end) {
-            load_tile(t + 1, st ^ 1);  // streams in while this tile is computed
-            hk_cp_async_wait<1>();     // tile t (the older group) has landed
-        } else {
-            hk_cp_async_wait<0>();
-        }
-#else
-        const int st = 0;
-        hk_cp_async_wait<0>();
-#endif
-        hk_sync();  // every thread's copies of tile t are visible
-
-        const int j0 = t * BKV;
-#if WARP_SKIP
-        const bool skip = !warp_live || j0 > pw_last ||
-                          (window > 0 && j0 + BKV - 1 < window_lo(pw_first, window));
-#else
-        const bool skip = !warp_live;
-#endif
-        if (!skip) {
-            const unsigned int k_t = k_s0 + 2u * st * KV_TILE + k_lane;
-            const unsigned int v_t = v_s0 + 2u * st * KV_TILE + v_lane;
-
-            // S = Q K^T, fp32: each K fragment feeds every row group of the warp.
-            float s[WARP_M][NB_S][4];
-#pragma unroll
-            for (int f = 0; f < WARP_M; ++f)
-#pragma unroll
-                for (int nb = 0; nb < NB_S; ++nb)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) s[f][nb][e] = 0.0f;
-#pragma unroll
-            for (int kk = 0; kk < HEAD_DIM / 32; ++kk)
-#pragma unroll
-                for (int nb = 0; nb < NB_S; ++nb) {
-                    unsigned int kb[4];
-                    hk_ldmatrix_x4(kb, k_t + 2u * (8 * nb * KV_STRIDE + 32 * kk));
-#pragma unroll
-                    for (int f = 0; f < WARP_M; ++f) {
-                        hk_mma_16816(s[f][nb], qf[f][2 * kk], kb[0], kb[1]);
-                        hk_mma_16816(s[f][nb], qf[f][2 * kk + 1], kb[2], kb[3]);
-                    }
+                for (int e = 0; e < 4; ++e) {  // e: (row g, k lo) (row g+8, k lo) (g, k hi) (g+8, k hi)
+                    const int r = e & 1;
+                    qf[f][kc][e] = ok_r[f][r] ? *(const unsigned int*)(qrow[r] + 16 * kc + 8 * (e >> 1)) : 0u;
                 }
+        }
+        const float c2 = scale * LOG2E;  // s2 = c2 * dot(q, k): logits in exp2 space
 
-            // Invisible keys get -inf. Element e of s[nb] is row g + 8 (e >> 1), key
-            // j0 + 8nb + 2 t4 + (e & 1). A tile every row of the warp sees whole needs no
-            // per-element test.
-            const bool whole = j0 + BKV - 1 <= pw_first &&
-                               (window < 0 || j0 >= window_lo(pw_last, window));
-            if (!whole) {
+        // Online-softmax state of this lane's rows (the 4 lanes of a row hold the same m, l).
+        float m[WARP_M][2], l[WARP_M][2];
+        float o[WARP_M][NB_O][4];  // O accumulator fragments: o[f][nd] holds dims [8nd, 8nd + 8)
+#pragma unroll
+        for (int f = 0; f < WARP_M; ++f) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                m[f][r] = hk_neg_inf();
+                l[f][r] = 0.0f;
+            }
+#pragma unroll
+            for (int nd = 0; nd < NB_O; ++nd)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) o[f][nd][e] = 0.0f;
+        }
+
+        const hk_u64 kv_base = ((hk_u64)b * Hkv + kvh) * (hk_u64)S_cap * HEAD_DIM;
+        const half_t* kg = k + kv_base;
+        const half_t* vg = v + kv_base;
+        const unsigned int k_s0 = hk_smem_u32(k_s), v_s0 = hk_smem_u32(v_s);
+        // ldmatrix row addresses of this lane (bytes), relative to a tile:
+        //   K (x4 = dims 32kk + 8m, m = lane >> 3, of keys 8nb + (lane & 7)): b0, b1 of chunk 2kk
+        //     and b0, b1 of chunk 2kk + 1, for key block nb;
+        //   V (x4.trans = keys 16kc + (lane & 7) + 8 ((lane >> 3) & 1), dims 8 (nd + (lane >> 4))):
+        //     b0, b1 of dim block nd, then b0, b1 of dim block nd + 1, for key chunk kc.
+        const unsigned int k_lane = 2u * ((lane & 7) * KV_STRIDE + 8 * (lane >> 3));
+        const unsigned int v_lane = 2u * (((lane & 7) + 8 * ((lane >> 3) & 1)) * KV_STRIDE + 8 * (lane >> 4));
+
+        // Stage KV tile t into buffer st: 16-byte cp.async per thread, zero-filling keys no row
+        // of this block may see: past skv (cache padding) and below kv_start (below every row's
+        // window). P.V multiplies p = 0 by them, and 0 * NaN would still be NaN. One pass of the
+        // block copies LD_KEYS key rows; thread tid copies column ld_c of rows ld_key + LD_KEYS i.
+#define LD_KEYS (NTHREADS / VPR)
+        const int ld_key = tid / VPR, ld_c = tid % VPR;
+        const hk_u64 ld_src = (hk_u64)ld_key * HEAD_DIM + 8 * ld_c;
+        const unsigned int ld_dst = 2u * (ld_key * KV_STRIDE + 8 * ld_c);
+        auto load_tile = [&](int t, int st) {
+            const int j0 = t * BKV;
+            const half_t* kt = kg + ((hk_u64)j0 * HEAD_DIM + ld_src);
+            const half_t* vt = vg + ((hk_u64)j0 * HEAD_DIM + ld_src);
+#pragma unroll
+            for (int it = 0; it < (BKV + LD_KEYS - 1) / LD_KEYS; ++it) {
+                const int key = ld_key + it * LD_KEYS;
+                if (BKV % LD_KEYS == 0 || key < BKV) {
+                    const int j = j0 + key;
+#ifdef HIPKERNEL_MUTANT_TAIL_UNMASKED
+                    const bool keep = j >= kv_start && j < S_cap;  // raw past skv: NaN canaries
+#else
+                    const bool keep = j >= kv_start && j < skv;
+#endif
+                    // a key not kept reads nothing (src-size 0); its address is the base anyway
+                    const unsigned int dst = ld_dst + 2u * (st * KV_TILE + it * LD_KEYS * KV_STRIDE);
+                    hk_cp_async_16(k_s0 + dst, keep ? kt + it * LD_KEYS * HEAD_DIM : kg, keep);
+                    hk_cp_async_16(v_s0 + dst, keep ? vt + it * LD_KEYS * HEAD_DIM : vg, keep);
+                }
+            }
+        };
+
+        // One KV tile t in slot st: S = Q K^T, the online softmax, acc += P V.
+        auto compute_tile = [&](int t, int st) {
+            const int j0 = t * BKV;
+#if WARP_SKIP
+            const bool skip = !warp_live || j0 > pw_last ||
+                              (window > 0 && j0 + BKV - 1 < window_lo(pw_first, window));
+#else
+            const bool skip = !warp_live;
+#endif
+            if (!skip) {
+                const unsigned int k_t = k_s0 + 2u * st * KV_TILE + k_lane;
+                const unsigned int v_t = v_s0 + 2u * st * KV_TILE + v_lane;
+
+                // S = Q K^T, fp32: each K fragment feeds every row group of the warp.
+                float s[WARP_M][NB_S][4];
 #pragma unroll
                 for (int f = 0; f < WARP_M; ++f)
 #pragma unroll
                     for (int nb = 0; nb < NB_S; ++nb)
 #pragma unroll
-                        for (int e = 0; e < 4; ++e) {
-                            const int j = j0 + 8 * nb + 2 * t4 + (e & 1);
-                            if (!visible(p_r[f][e >> 1], j, window)) s[f][nb][e] = hk_neg_inf();
+                        for (int e = 0; e < 4; ++e) s[f][nb][e] = 0.0f;
+#pragma unroll
+                for (int kk = 0; kk < HEAD_DIM / 32; ++kk)
+#pragma unroll
+                    for (int nb = 0; nb < NB_S; ++nb) {
+                        unsigned int kb[4];
+                        hk_ldmatrix_x4(kb, k_t + 2u * (8 * nb * KV_STRIDE + 32 * kk));
+#pragma unroll
+                        for (int f = 0; f < WARP_M; ++f) {
+                            hk_mma_16816(s[f][nb], qf[f][2 * kk], kb[0], kb[1]);
+                            hk_mma_16816(s[f][nb], qf[f][2 * kk + 1], kb[2], kb[3]);
                         }
-            }
-#pragma unroll
-            for (int f = 0; f < WARP_M; ++f) {
-                // The row max of the logits in exp2 space, s2 = c2 * dot: c2 > 0 and rounding is
-                // monotonic, so max_j fl(c2 dot_j) = fl(c2 max_j dot_j) exactly.
-                float m_tile[2] = {hk_neg_inf(), hk_neg_inf()};
-#pragma unroll
-                for (int nb = 0; nb < NB_S; ++nb)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) m_tile[e >> 1] = hk_fmax(m_tile[e >> 1], s[f][nb][e]);
-
-                // Online softmax per row. NaN guard: a row that has seen nothing so far and sees
-                // nothing in this tile (m_new = -inf) keeps (m, l, acc): it takes alpha = 1 and
-                // p = 0 instead of exp2(-inf - -inf) = NaN.
-                //   p_j = exp2(s2_j - m_new) = exp2(fma(dot_j, c2, -m_new)), one FFMA and one MUFU;
-                //   an invisible key (dot = -inf) gives exp2(-inf) = 0 with no select. A row that
-                //   does not update has only invisible keys: its shift is 0, so its p are 0 too.
-                float m_new[2], alpha[2], neg_m[2], l_tile[2] = {0.0f, 0.0f};
-                bool update[2];
-#pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    m_tile[r] = hk_fmax(m_tile[r], hk_xor(m_tile[r], 1));  // the row's 4 lanes
-                    m_tile[r] = hk_fmax(m_tile[r], hk_xor(m_tile[r], 2));
-                    m_new[r] = hk_fmax(m[f][r], c2 * m_tile[r]);
-#ifdef HIPKERNEL_MUTANT_NO_NAN_GUARD
-                    update[r] = true;  // m_new = -inf: alpha and p become exp2(-inf - -inf) = NaN
-#else
-                    update[r] = m_new[r] != hk_neg_inf();
-#endif
-                    alpha[r] = update[r] ? hk_exp2_ftz(m[f][r] - m_new[r]) : 1.0f;  // 0 when m = -inf
-                    neg_m[r] = update[r] ? -m_new[r] : 0.0f;
-                }
-#pragma unroll
-                for (int nb = 0; nb < NB_S; ++nb)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int r = e >> 1;
-                        const float pj = hk_exp2_ftz(hk_fma(s[f][nb][e], c2, neg_m[r]));
-                        s[f][nb][e] = pj;
-                        l_tile[r] += pj;
                     }
+
+                // Invisible keys get -inf. Element e of s[nb] is row g + 8 (e >> 1), key
+                // j0 + 8nb + 2 t4 + (e & 1). A tile every row of the warp sees whole needs no
+                // per-element test.
+                const bool whole = j0 + BKV - 1 <= pw_first &&
+                                   (window < 0 || j0 >= window_lo(pw_last, window));
+                if (!whole) {
 #pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    l_tile[r] += hk_xor(l_tile[r], 1);  // the row's sum over the whole tile
-                    l_tile[r] += hk_xor(l_tile[r], 2);
-                    l[f][r] = l[f][r] * alpha[r] + l_tile[r];
-                    if (update[r]) m[f][r] = m_new[r];
-#ifdef HIPKERNEL_MUTANT_SINK_PER_TILE
-                    if (has_sink && update[r]) l[f][r] += hk_exp2(sig2 - m_new[r]);  // split-KV bug
-#endif
+                    for (int f = 0; f < WARP_M; ++f)
+#pragma unroll
+                        for (int nb = 0; nb < NB_S; ++nb)
+#pragma unroll
+                            for (int e = 0; e < 4; ++e) {
+                                const int j = j0 + 8 * nb + 2 * t4 + (e & 1);
+                                if (!visible(p_r[f][e >> 1], j, window)) s[f][nb][e] = hk_neg_inf();
+                            }
                 }
-
-                // acc = acc * alpha (P.V follows for every group at once).
-#pragma unroll
-                for (int nd = 0; nd < NB_O; ++nd)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) o[f][nd][e] *= alpha[e >> 1];
-            }  // row group f
-
-            // acc += P.V over every key of the tile, P rounded to fp16: p = 0 times a key no
-            // row may see is why the load zero-fills them. Each V fragment feeds every group.
-#pragma unroll
-            for (int kc = 0; kc < KC_P; ++kc) {
-                // The S fragments of key blocks 2kc and 2kc + 1 are the A fragment of chunk kc.
-                unsigned int pa[WARP_M][4];
 #pragma unroll
                 for (int f = 0; f < WARP_M; ++f) {
-                    pa[f][0] = hk_pack_f16x2(s[f][2 * kc][0], s[f][2 * kc][1]);
-                    pa[f][1] = hk_pack_f16x2(s[f][2 * kc][2], s[f][2 * kc][3]);
-                    pa[f][2] = hk_pack_f16x2(s[f][2 * kc + 1][0], s[f][2 * kc + 1][1]);
-                    pa[f][3] = hk_pack_f16x2(s[f][2 * kc + 1][2], s[f][2 * kc + 1][3]);
-                }
+                    // The row max of the logits in exp2 space, s2 = c2 * dot: c2 > 0 and rounding is
+                    // monotonic, so max_j fl(c2 dot_j) = fl(c2 max_j dot_j) exactly.
+                    float m_tile[2] = {hk_neg_inf(), hk_neg_inf()};
 #pragma unroll
-                for (int nd = 0; nd < NB_O; nd += 2) {
-                    unsigned int vb[4];
-                    hk_ldmatrix_x4_trans(vb, v_t + 2u * (16 * kc * KV_STRIDE + 8 * nd));
+                    for (int nb = 0; nb < NB_S; ++nb)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) m_tile[e >> 1] = hk_fmax(m_tile[e >> 1], s[f][nb][e]);
+
+                    // Online softmax per row. NaN guard: a row that has seen nothing so far and sees
+                    // nothing in this tile (m_new = -inf) keeps (m, l, acc): it takes alpha = 1 and
+                    // p = 0 instead of exp2(-inf - -inf) = NaN.
+                    //   p_j = exp2(s2_j - m_new) = exp2(fma(dot_j, c2, -m_new)), one FFMA and one MUFU;
+                    //   an invisible key (dot = -inf) gives exp2(-inf) = 0 with no select. A row that
+                    //   does not update has only invisible keys: its shift is 0, so its p are 0 too.
+                    float m_new[2], alpha[2], neg_m[2], l_tile[2] = {0.0f, 0.0f};
+                    bool update[2];
+#pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+                        m_tile[r] = hk_fmax(m_tile[r], hk_xor(m_tile[r], 1));  // the row's 4 lanes
+                        m_tile[r] = hk_fmax(m_tile[r], hk_xor(m_tile[r], 2));
+                        m_new[r] = hk_fmax(m[f][r], c2 * m_tile[r]);
+#ifdef HIPKERNEL_MUTANT_NO_NAN_GUARD
+                        update[r] = true;  // m_new = -inf: alpha and p become exp2(-inf - -inf) = NaN
+#else
+                        update[r] = m_new[r] != hk_neg_inf();
+#endif
+                        alpha[r] = update[r] ? hk_exp2_ftz(m[f][r] - m_new[r]) : 1.0f;  // 0 when m = -inf
+                        neg_m[r] = update[r] ? -m_new[r] : 0.0f;
+                    }
+#pragma unroll
+                    for (int nb = 0; nb < NB_S; ++nb)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            const int r = e >> 1;
+                            const float pj = hk_exp2_ftz(hk_fma(s[f][nb][e], c2, neg_m[r]));
+                            s[f][nb][e] = pj;
+                            l_tile[r] += pj;
+                        }
+#pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+                        l_tile[r] += hk_xor(l_tile[r], 1);  // the row's sum over the whole tile
+                        l_tile[r] += hk_xor(l_tile[r], 2);
+                        l[f][r] = l[f][r] * alpha[r] + l_tile[r];
+                        if (update[r]) m[f][r] = m_new[r];
+#ifdef HIPKERNEL_MUTANT_SINK_PER_TILE
+                        if (has_sink && update[r]) l[f][r] += hk_exp2(sig2 - m_new[r]);  // split-KV bug
+#endif
+                    }
+
+                    // acc = acc * alpha (P.V follows for every group at once).
+#pragma unroll
+                    for (int nd = 0; nd < NB_O; ++nd)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) o[f][nd][e] *= alpha[e >> 1];
+                }  // row group f
+
+                // acc += P.V over every key of the tile, P rounded to fp16: p = 0 times a key no
+                // row may see is why the load zero-fills them. Each V fragment feeds every group.
+#pragma unroll
+                for (int kc = 0; kc < KC_P; ++kc) {
+                    // The S fragments of key blocks 2kc and 2kc + 1 are the A fragment of chunk kc.
+                    unsigned int pa[WARP_M][4];
 #pragma unroll
                     for (int f = 0; f < WARP_M; ++f) {
-                        hk_mma_16816(o[f][nd], pa[f], vb[0], vb[1]);
-                        hk_mma_16816(o[f][nd + 1], pa[f], vb[2], vb[3]);
+                        pa[f][0] = hk_pack_f16x2(s[f][2 * kc][0], s[f][2 * kc][1]);
+                        pa[f][1] = hk_pack_f16x2(s[f][2 * kc][2], s[f][2 * kc][3]);
+                        pa[f][2] = hk_pack_f16x2(s[f][2 * kc + 1][0], s[f][2 * kc + 1][1]);
+                        pa[f][3] = hk_pack_f16x2(s[f][2 * kc + 1][2], s[f][2 * kc + 1][3]);
+                    }
+#pragma unroll
+                    for (int nd = 0; nd < NB_O; nd += 2) {
+                        unsigned int vb[4];
+                        hk_ldmatrix_x4_trans(vb, v_t + 2u * (16 * kc * KV_STRIDE + 8 * nd));
+#pragma unroll
+                        for (int f = 0; f < WARP_M; ++f) {
+                            hk_mma_16816(o[f][nd], pa[f], vb[0], vb[1]);
+                            hk_mma_16816(o[f][nd + 1], pa[f], vb[2], vb[3]);
+                        }
                     }
                 }
             }
-        }
-        hk_sync();  // tile t is consumed: its buffer may be refilled
-#if KV_STAGES == 1
-        if (t + 1 < t_end) load_tile(t + 1, 0);
-#endif
-    }
+        };
 
-    // Epilogue: fold the sink into the denominator once, with the max taken over it too.
-#pragma unroll
-    for (int f = 0; f < WARP_M; ++f)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        if (has_sink) {
-#ifdef HIPKERNEL_MUTANT_SINK_MAX_SKIPPED
-            const float m_fin = m[f][r];  // exp2(sig2 - m) overflows for a large sink
-#else
-            const float m_fin = hk_fmax(m[f][r], sig2);
-#endif
-            const float fac = m[f][r] == hk_neg_inf() ? 0.0f : hk_exp2(m[f][r] - m_fin);  // row saw nothing: 0
-#pragma unroll
-            for (int nd = 0; nd < NB_O; ++nd) {
-                o[f][nd][2 * r] *= fac;
-                o[f][nd][2 * r + 1] *= fac;
+#if QWALK > 1
+        if (ring) {
+            // The ring holds tiles [loaded - KV_SLOTS, loaded) in slots t % KV_SLOTS; this Q tile
+            // needs [t0, t_end), and its new tiles go to the slots of tiles below t0 (its span is
+            // at most KV_SLOTS), which no later Q tile needs either (t0 never decreases). They
+            // are one cp.async group that lands while the tiles already in the ring are computed.
+            // The zero-fill of a new tile is this Q tile's (below kv_start, past skv); a later Q
+            // tile masks the keys between the two kv_starts, real keys, so p = 0 and P.V adds 0.
+            // (Under the window_mask_off_by_one mutant one of them, p - W, is visible: a real key
+            // here, a zero in the model, which walks no Q tiles; either way the output moves.)
+            if (qt > qt_first) hk_sync();  // the last Q tile's warps are done with the ring
+            if (qt == qt_first || loaded < t0) loaded = t0;
+            const int fresh = loaded;
+            for (int t = fresh; t < t_end; ++t) load_tile(t, t % KV_SLOTS);
+            hk_cp_async_commit();
+            if (loaded < t_end) loaded = t_end;
+            for (int t = t0; t < t_end; ++t) {
+                if (t == fresh) {
+                    hk_cp_async_wait<0>();
+                    hk_sync();  // every thread's copies of the new tiles are visible
+                }
+                compute_tile(t, t % KV_SLOTS);
             }
-            l[f][r] *= fac;
+        } else
+#endif
+        {
+            if (t0 < t_end) {
+                load_tile(t0, 0);
+                hk_cp_async_commit();
+            }
+            for (int t = t0; t < t_end; ++t) {
+#if KV_STAGES == 2
+                const int st = (t - t0) & 1;
+                if (t + 1 < t_end) {
+                    load_tile(t + 1, st ^ 1);  // streams in while this tile is computed
+                    hk_cp_async_commit();
+                    hk_cp_async_wait<1>();     // tile t (the older group) has landed
+                } else {
+                    hk_cp_async_wait<0>();
+                }
+#else
+                const int st = 0;
+                hk_cp_async_wait<0>();
+#endif
+                hk_sync();  // every thread's copies of tile t are visible
+                compute_tile(t, st);
+                hk_sync();  // tile t is consumed: its buffer may be refilled
+#if KV_STAGES == 1
+                if (t + 1 < t_end) {
+                    load_tile(t + 1, 0);
+                    hk_cp_async_commit();
+                }
+#endif
+            }
+        }
+
+        // Epilogue: fold the sink into the denominator once, with the max taken over it too.
+#pragma unroll
+        for (int f = 0; f < WARP_M; ++f)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            if (has_sink) {
+#ifdef HIPKERNEL_MUTANT_SINK_MAX_SKIPPED
+                const float m_fin = m[f][r];  // exp2(sig2 - m) overflows for a large sink
+#else
+                const float m_fin = hk_fmax(m[f][r], sig2);
+#endif
+                const float fac = m[f][r] == hk_neg_inf() ? 0.0f : hk_exp2(m[f][r] - m_fin);  // row saw nothing: 0
+#pragma unroll
+                for (int nd = 0; nd < NB_O; ++nd) {
+                    o[f][nd][2 * r] *= fac;
+                    o[f][nd][2 * r + 1] *= fac;
+                }
+                l[f][r] *= fac;
 #ifndef HIPKERNEL_MUTANT_SINK_PER_TILE
 #ifdef HIPKERNEL_MUTANT_SINK_UNSHIFTED
-            l[f][r] += sig2 == hk_neg_inf() ? 0.0f : hk_exp2(sig2);  // not shifted by the max
+                l[f][r] += sig2 == hk_neg_inf() ? 0.0f : hk_exp2(sig2);  // not shifted by the max
 #else
-            l[f][r] += sig2 == hk_neg_inf() ? 0.0f : hk_exp2(sig2 - m_fin);
+                l[f][r] += sig2 == hk_neg_inf() ? 0.0f : hk_exp2(sig2 - m_fin);
 #endif
 #endif
-        }
+            }
 
-        // out = acc / l, 0 for a row with nothing in its denominator (a NaN l stays NaN).
-        // Lane (g, t4) writes dims 8nd + 2 t4, 8nd + 2 t4 + 1 of its row.
-        if (ok_r[f][r]) {
-            half_t* orow = out + (((hk_u64)b * Sq + i_r[f][r]) * Hq + h) * HEAD_DIM + 2 * t4;
+            // out = acc * (1 / l), 0 for a row with nothing in its denominator (a NaN l stays
+            // NaN): one correctly rounded reciprocal a row, not a division an element (the model
+            // rounds the same way).
+            // Lane (g, t4) writes dims 8nd + 2 t4, 8nd + 2 t4 + 1 of its row.
+            if (ok_r[f][r]) {
+                half_t* orow = out + (((hk_u64)b * Sq + i_r[f][r]) * Hq + h) * HEAD_DIM + 2 * t4;
+                const float inv_l = hk_rcp(l[f][r]);  // l == 0: inf, not used
 #pragma unroll
-            for (int nd = 0; nd < NB_O; ++nd) {
-                const float lo = l[f][r] == 0.0f ? 0.0f : o[f][nd][2 * r] / l[f][r];
-                const float hi = l[f][r] == 0.0f ? 0.0f : o[f][nd][2 * r + 1] / l[f][r];
-                *(unsigned int*)(orow + 8 * nd) = hk_pack_f16x2(lo, hi);
+                for (int nd = 0; nd < NB_O; ++nd) {
+                    const float lo = l[f][r] == 0.0f ? 0.0f : o[f][nd][2 * r] * inv_l;
+                    const float hi = l[f][r] == 0.0f ? 0.0f : o[f][nd][2 * r + 1] * inv_l;
+                    *(unsigned int*)(orow + 8 * nd) = hk_pack_f16x2(lo, hi);
+                }
             }
         }
-    }
+    }  // Q tile
 }

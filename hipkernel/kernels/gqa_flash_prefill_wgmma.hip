@@ -430,7 +430,7 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
         st = st + 1 == KV_STAGES ? 0 : st + 1;
     }
 
-    // Epilogue: the sink, then out = acc / l.
+    // Epilogue: the sink, then out = acc * (1 / l).
     half_t* orow[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r)

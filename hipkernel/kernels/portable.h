@@ -113,11 +113,21 @@ HK_INLINE float hk_exp2(float x) { return __builtin_exp2f(x); }  // v_exp_f32, n
 HK_INLINE float hk_fma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 HK_INLINE float hk_fmax(float a, float b) { return __builtin_fmaxf(a, b); }
 HK_INLINE float hk_neg_inf() { return -__builtin_inff(); }
+HK_INLINE float hk_rcp(float x) { return 1.0f / x; }  // correctly rounded (HIP's default)
 #else
 HK_INLINE float hk_exp2(float x) { return exp2f(x); }  // ex2.approx based
 HK_INLINE float hk_fma(float a, float b, float c) { return fmaf(a, b, c); }
 HK_INLINE float hk_fmax(float a, float b) { return fmaxf(a, b); }
 HK_INLINE float hk_neg_inf() { return __int_as_float(0xff800000); }
+// 1 / x correctly rounded (rcp.rn: the value of IEEE 1.0f / x; 1 / 0 = inf, 1 / NaN = NaN):
+// the tensor-core epilogues' one reciprocal a row. (The scalar kernel keeps a division an
+// element: with a reciprocal ptxas spilled two of its tiles on sm_80, m4_b32 at d 64 with
+// 1.0f / l and m4_b64 at d 128 with rcp.rn.)
+HK_INLINE float hk_rcp(float x) {
+    float y;
+    asm("rcp.rn.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
 #endif
 
 // ---- lane exchange: the value of the partner lane (lane ^ 1) ----------------------------
