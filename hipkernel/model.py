@@ -25,7 +25,9 @@ KV tiles t = t0 .. ceil(kv_end / BKV) - 1, keys j in [t*BKV, t*BKV + BKV):
   load    K and V tiles; keys j >= skv and keys j < kv_start are ZERO-FILLED. No row may
           see them, but P.V is a plain product-sum over the whole tile (as a matrix core
           would do it), where p = 0 times a NaN from storage would still be NaN.
-  scores  in exp2 space: s2_j = (scale * log2 e) * dot(q_i, k_j), fp32.
+  scores  in exp2 space: s2_j = (scale * log2 e) * dot(q_i, k_j), fp32 (c2 = scale * log2 e
+          rounded to fp32; the scalar path rounds s2_j, the tensor-core paths never form it:
+          see p_j).
   mask    visible(p, j) = j <= p and (W < 0 or j >= p - W + 1)   (W keys, self included);
           invisible keys get s2_j = -inf, hence p_j = 0 (a select in the kernel; here
           exp2(-inf - finite) = 0 exactly).
@@ -34,7 +36,10 @@ KV tiles t = t0 .. ceil(kv_end / BKV) - 1, keys j in [t*BKV, t*BKV + BKV):
           NaN guard: if m_new == -inf the row has seen nothing so far and sees nothing in
           this tile: leave (m, l, acc) untouched (exp2(-inf - -inf) would be NaN). Else
           alpha = exp2(m - m_new)                (0 when m = -inf)
-          p_j   = exp2(s2_j - m_new)
+          p_j   = exp2(s2_j - m_new)           scalar path: two roundings (s2_j, then the
+                                                 difference); tensor-core paths: one,
+                                                 exp2(fma(dot_j, c2, -m_new)), so p_j has no
+                                                 error of size ulp(s2_j) where |s2_j| is large
           l     = l * alpha + sum_j p_j
           acc   = acc * alpha + sum_j p_j * v_j
           m     = m_new
@@ -145,6 +150,7 @@ def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str]) -> np.ndar
     BM, BKV = config.block_positions, config.bkv  # BM: positions a block (of pack heads)
     p_fp16 = config.path in TENSOR_CORE_PATHS  # P rounded to fp16 before P.V, as the tensor cores take it
     rcp_l = config.path in TENSOR_CORE_PATHS  # out = acc * (1 / l): their epilogue's rounding
+    fused_shift = config.path in TENSOR_CORE_PATHS  # p = exp2(fma(dot, c2, -m)), one rounding
     lazy = config.rescale_log2(a.d)  # 0: every tile rescales
     S_cap, skv, W = k.shape[2], a.skv, a.window
     past = 0 if "past_len_ignored" in mut else a.past_len  # p = i: top-left alignment
@@ -205,15 +211,17 @@ def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str]) -> np.ndar
             j0 = t * BKV
             kt = _load_tile(k32, j0, BKV, kv_start, load_hi)  # (B, Hkv, BKV, d)
             vt = _load_tile(v32, j0, BKV, kv_start, load_hi)
-            # scores in exp2 space, masked by the one predicate
+            # scores (in exp2 space on the scalar path), masked by the one predicate
             s = _matmul(qb, kt.swapaxes(-1, -2)[:, :, None])  # (B, Hkv, G, R, BKV)
-            s *= c2
+            if not fused_shift:
+                s *= c2
             vis = visible(p_rows, np.arange(j0, j0 + BKV)[None, :], W,
                           off_by_one="window_mask_off_by_one" in mut)
             if not vis.all():
                 s[..., ~vis] = _NEG_INF
-            # online softmax with the NaN guard
-            m_new = np.maximum(m, s.max(axis=-1))
+            # online softmax with the NaN guard; max_j fl(c2 dot_j) = fl(c2 max_j dot_j)
+            s_max = s.max(axis=-1)
+            m_new = np.maximum(m, s_max * c2 if fused_shift else s_max)
             if lazy:  # a warp's 16 rows keep m unless one's max grows by more than 2^lazy
                 grow = np.pad(m_new > m + lazy, [(0, 0)] * 3 + [(0, -R % 16)])
                 grow = grow.reshape(B, Hkv, G, -1, 16).any(axis=-1).repeat(16, axis=-1)[..., :R]
@@ -224,7 +232,10 @@ def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str]) -> np.ndar
             else:
                 guard, m_ref = None, m_new
             alpha = np.exp2(m - m_ref)  # exp2(-inf) = 0 when the row had seen nothing
-            s -= m_ref[..., None]
+            if fused_shift:  # fma(dot, c2, -m): the fp64 product of two fp32 values is exact
+                s = (s.astype(np.float64) * np.float64(c2) - m_ref[..., None]).astype(_F32)
+            else:
+                s -= m_ref[..., None]
             np.exp2(s, out=s)  # p_j; invisible keys: exp2(-inf) = 0
             l_new = l * alpha + s.sum(axis=-1)
             # the tensor-core paths feed P to the MMAs as fp16 (l keeps the fp32 p)
