@@ -17,6 +17,7 @@
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1 HIPKERNEL_CACHE_DIR=${HIPKERNEL_CACHE_DIR:-/tmp/hkcache}
 : "${OUT:?set OUT to the output directory}"
+mkdir -p "$OUT" || exit 2
 LIMIT=${LIMIT:-450}
 # ONE_GPU=1: a machine with one H200 (nvidia-h200) runs the two parts one after the other on
 # GPU 0 (about twice the time; each part keeps its own LIMIT).

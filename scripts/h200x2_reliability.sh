@@ -16,6 +16,7 @@
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1 HIPKERNEL_CACHE_DIR=${HIPKERNEL_CACHE_DIR:-/tmp/hkcache}
 : "${OUT:?set OUT to the output directory}"
+mkdir -p "$OUT" || exit 2
 RACE_LIMIT=${RACE_LIMIT:-470}
 MEM_LIMIT=${MEM_LIMIT:-360}
 # ONE_GPU=1: a machine with one H200 (nvidia-h200): both sanitizers on GPU 0 at once, then

@@ -6,10 +6,11 @@
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1 HIPKERNEL_CACHE_DIR=${HIPKERNEL_CACHE_DIR:-/tmp/hkcache}
 : "${OUT:?set OUT to the output directory}"
+mkdir -p "$OUT" || exit 2
 SECTIONS="--section SpeedOfLight --section Occupancy --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section LaunchStats"
 METRICS="--metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum.pct_of_peak_sustained_elapsed,smsp__warp_issue_stalled_barrier_per_warp_active.pct,smsp__warp_issue_stalled_short_scoreboard_per_warp_active.pct,smsp__warp_issue_stalled_math_pipe_throttle_per_warp_active.pct,smsp__warp_issue_stalled_long_scoreboard_per_warp_active.pct,smsp__warp_issue_stalled_mio_throttle_per_warp_active.pct"
 [ $# -gt 0 ] || set -- "gptoss-16384@0 wgmma_m16_b64" "gptoss-512@8192 wgmma_m16_b64" \
-    "gptoss-16384@0-w128 mma_m4_b32" "d128-16384@0 wgmma_m8_b128_ws"
+    "gptoss-16384@0-w128 mma_m4_b32_p8_q4" "d128-16384@0 wgmma_m8_b128_ws"
 for spec in "$@"; do
   set -- $spec
   echo "== $1 $2"
