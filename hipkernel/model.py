@@ -5,9 +5,9 @@ CI runs it on the CPU; the mutants of ``refattn.mutants`` are flags of it.
 Geometry (``hipkernel.config``). Block (qt, h, b) owns query rows i in
 [qt*BM, min(Sq, (qt+1)*BM)), BM = 16*M_TILES / pack (``config.block_positions``), of query
 head h (with pack > 1, of the pack heads of one KV head that the kernel's block holds: the
-same rows, so the same KV walk), and reads KV head kvh = h // G, G = Hq // Hkv. skv = past_len + Sq keys exist; the cache may be longer
-(S_cap >= skv), and what lies past skv is never meant to be read (tests fill it with NaN).
-Row i sits at absolute position p = past_len + i; p_first, p_last are the Q tile's first
+same rows, so the same KV walk), and reads KV head kvh = h // G, G = Hq // Hkv.
+skv = past_len + Sq keys exist; the cache may be longer (S_cap >= skv), and what lies past
+skv is never meant to be read (tests fill it with NaN). Row i sits at absolute position p = past_len + i; p_first, p_last are the Q tile's first
 and last rows' positions.
 
 KV range and start-tile clamp:
@@ -148,9 +148,9 @@ def _check_mutants(mutants) -> frozenset[str]:
 def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str]) -> np.ndarray:
     B, Sq, Hq, Hkv, d, G = a.B, a.Sq, a.Hq, a.Hkv, a.d, a.G
     BM, BKV = config.block_positions, config.bkv  # BM: positions a block (of pack heads)
-    p_fp16 = config.path in TENSOR_CORE_PATHS  # P rounded to fp16 before P.V, as the tensor cores take it
-    rcp_l = config.path in TENSOR_CORE_PATHS  # out = acc * (1 / l): their epilogue's rounding
-    fused_shift = config.path in TENSOR_CORE_PATHS  # p = exp2(fma(dot, c2, -m)), one rounding
+    # The tensor-core paths round three steps their own way: p = exp2(fma(dot, c2, -m)) (one
+    # rounding), P to fp16 before P.V, and out = acc * (1 / l).
+    tensor_core = config.path in TENSOR_CORE_PATHS
     lazy = config.rescale_log2(a.d)  # 0: every tile rescales
     S_cap, skv, W = k.shape[2], a.skv, a.window
     past = 0 if "past_len_ignored" in mut else a.past_len  # p = i: top-left alignment
@@ -213,7 +213,7 @@ def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str]) -> np.ndar
             vt = _load_tile(v32, j0, BKV, kv_start, load_hi)
             # scores (in exp2 space on the scalar path), masked by the one predicate
             s = _matmul(qb, kt.swapaxes(-1, -2)[:, :, None])  # (B, Hkv, G, R, BKV)
-            if not fused_shift:
+            if not tensor_core:
                 s *= c2
             vis = visible(p_rows, np.arange(j0, j0 + BKV)[None, :], W,
                           off_by_one="window_mask_off_by_one" in mut)
@@ -221,7 +221,7 @@ def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str]) -> np.ndar
                 s[..., ~vis] = _NEG_INF
             # online softmax with the NaN guard; max_j fl(c2 dot_j) = fl(c2 max_j dot_j)
             s_max = s.max(axis=-1)
-            m_new = np.maximum(m, s_max * c2 if fused_shift else s_max)
+            m_new = np.maximum(m, s_max * c2 if tensor_core else s_max)
             if lazy:  # a warp's 16 rows keep m unless one's max grows by more than 2^lazy
                 grow = np.pad(m_new > m + lazy, [(0, 0)] * 3 + [(0, -R % 16)])
                 grow = grow.reshape(B, Hkv, G, -1, 16).any(axis=-1).repeat(16, axis=-1)[..., :R]
@@ -232,14 +232,14 @@ def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str]) -> np.ndar
             else:
                 guard, m_ref = None, m_new
             alpha = np.exp2(m - m_ref)  # exp2(-inf) = 0 when the row had seen nothing
-            if fused_shift:  # fma(dot, c2, -m): the fp64 product of two fp32 values is exact
+            if tensor_core:  # fma(dot, c2, -m): the fp64 product of two fp32 values is exact
                 s = (s.astype(np.float64) * np.float64(c2) - m_ref[..., None]).astype(_F32)
             else:
                 s -= m_ref[..., None]
             np.exp2(s, out=s)  # p_j; invisible keys: exp2(-inf) = 0
             l_new = l * alpha + s.sum(axis=-1)
             # the tensor-core paths feed P to the MMAs as fp16 (l keeps the fp32 p)
-            pv = s.astype(np.float16).astype(_F32) if p_fp16 else s
+            pv = s.astype(np.float16).astype(_F32) if tensor_core else s
             acc_new = acc * alpha[..., None] + _matmul(pv, vt[:, :, None])
             if "sink_per_tile" in mut and has_sink:
                 l_new += np.exp2(sig2 - m_ref)  # split-KV bug: one sink term per tile
@@ -260,7 +260,7 @@ def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str]) -> np.ndar
                 shift = _F32(0) if "sink_unshifted" in mut else m_fin
                 l = l + np.where(np.isneginf(sig2), _F32(0), np.exp2(sig2 - shift))
         l_nz = np.where(l == 0, _F32(1), l)
-        o = acc * (_F32(1) / l_nz)[..., None] if rcp_l else acc / l_nz[..., None]
+        o = acc * (_F32(1) / l_nz)[..., None] if tensor_core else acc / l_nz[..., None]
         out[:, :, :, i0:i1] = np.where((l == 0)[..., None], _F32(0), o)
 
     # Q tiles are independent (as the kernel's blocks are) and NumPy releases the GIL in

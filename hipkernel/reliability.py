@@ -47,8 +47,8 @@ import numpy as np
 from hipkernel import api
 from hipkernel.autotune import tune_key
 from hipkernel.config import (CANDIDATES, DEFAULT, HEAD_DIMS, MMA_DEFAULT, MMA_PACK_CANDIDATES,
-                              MMA_WALK_CANDIDATES, MMA_WIDE_CANDIDATES, WGMMA_BY_HEAD_DIM, WIDE_HEAD_DIMS, KernelConfig, candidates,
-                              has_mma, has_wgmma)
+                              MMA_WALK_CANDIDATES, MMA_WIDE_CANDIDATES, WGMMA_BY_HEAD_DIM,
+                              WIDE_HEAD_DIMS, KernelConfig, candidates, has_mma, has_wgmma)
 from refattn.args import check_attention_args
 from refattn.cases import OUT_CANARY_BITS, Case, canary_out, load_suites, make_inputs
 from refattn.metrics import compare

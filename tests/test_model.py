@@ -18,8 +18,7 @@ import pytest
 from hipkernel import api, model
 from hipkernel import config as config_module
 from hipkernel.config import (CANDIDATES, DEFAULT, HEAD_DIMS, MMA_CANDIDATES, MMA_PACK_CANDIDATES,
-                              MMA_WALK_CANDIDATES,
-                              MMA_WIDE_CANDIDATES,
+                              MMA_WALK_CANDIDATES, MMA_WIDE_CANDIDATES,
                               WGMMA_BY_HEAD_DIM, WGMMA_CANDIDATES, WGMMA_MAX_STAGES,
                               WGMMA_RESCALE_LOG2, WGMMA_SMEM_BUDGET, KernelConfig, candidates,
                               compiled_variants, default_config, has_mma, has_wgmma)
@@ -438,7 +437,7 @@ def test_ring_serves_exactly_the_launches_whose_spans_fit():
         assert not c.ring_serves(128, 128, 8192)  # d = 128: no ring
         assert not replace(c, walk=1).ring_serves(64, 128, 8192)
     p4, p8 = MMA_WALK_CANDIDATES  # past 8209: the first key at offset 18 of its tile
-    assert not p4.ring_serves(64, 128, 8209) and p8.ring_serves(64, 128, 8209) is False
+    assert not p4.ring_serves(64, 128, 8209) and not p8.ring_serves(64, 128, 8209)
 
 
 @pytest.mark.parametrize("s", [s for s in SHAPES if s.Hq % s.Hkv == 0 and s.Hq // s.Hkv > 1],
