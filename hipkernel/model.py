@@ -7,8 +7,8 @@ Geometry (``hipkernel.config``). Block (qt, h, b) owns query rows i in
 head h (with pack > 1, of the pack heads of one KV head that the kernel's block holds: the
 same rows, so the same KV walk), and reads KV head kvh = h // G, G = Hq // Hkv.
 skv = past_len + Sq keys exist; the cache may be longer (S_cap >= skv), and what lies past
-skv is never meant to be read (tests fill it with NaN). Row i sits at absolute position p = past_len + i; p_first, p_last are the Q tile's first
-and last rows' positions.
+skv is never meant to be read (tests fill it with NaN). Row i sits at absolute position
+p = past_len + i; p_first, p_last are the Q tile's first and last rows' positions.
 
 KV range and start-tile clamp:
 
