@@ -5,6 +5,8 @@
 #   .ci/install-amd.sh [VENV_DIR | PYTHON]     (default: the python3 on PATH)
 #
 #   apt   clang-19 lld-19                      gfx1151 / gfx942 through clang -x hip
+#         clang-tools-19                       clang-offload-bundler, which clang -x hip runs
+#                                              (only a Recommends of clang-19)
 #         libamdhip64-dev libamd-comgr2        ROCm 5.2: hiprtc (inside libamdhip64.so.5),
 #         rocm-device-libs                     comgr, HIP headers, device bitcode libraries
 #   shim  /opt/rocm-shim/lib/{libhiprtc.so,libamdhip64.so} -> libamdhip64.so.5  (DESIGN §6)
@@ -23,7 +25,7 @@ set -uo pipefail
 
 HIP_PYTHON_PIN="hip-python==10.0.0.0.1.2"
 CUDA_PIP=("cuda-bindings>=12.6" "nvidia-cuda-nvrtc")
-APT_PACKAGES=(clang-19 lld-19 libamdhip64-dev libamd-comgr2 rocm-device-libs)
+APT_PACKAGES=(clang-19 clang-tools-19 lld-19 libamdhip64-dev libamd-comgr2 rocm-device-libs)
 SHIM=/opt/rocm-shim
 
 warn() { echo "install-amd: WARNING: $*" >&2; }
