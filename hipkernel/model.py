@@ -25,28 +25,26 @@ KV tiles t = t0 .. ceil(kv_end / BKV) - 1, keys j in [t*BKV, t*BKV + BKV):
   load    K and V tiles; keys j >= skv and keys j < kv_start are ZERO-FILLED. No row may
           see them, but P.V is a plain product-sum over the whole tile (as a matrix core
           would do it), where p = 0 times a NaN from storage would still be NaN.
-  scores  in exp2 space: s2_j = (scale * log2 e) * dot(q_i, k_j), fp32 (c2 = scale * log2 e
-          rounded to fp32; the scalar path rounds s2_j, the tensor-core paths never form it:
-          see p_j).
+  scores  s_j = dot(q_i, k_j), fp32; in exp2 space the logit is c2 * s_j, c2 = scale * log2 e
+          rounded to fp32, never rounded on its own (see p_j).
   mask    visible(p, j) = j <= p and (W < 0 or j >= p - W + 1)   (W keys, self included);
-          invisible keys get s2_j = -inf, hence p_j = 0 (a select in the kernel; here
+          invisible keys get s_j = -inf, hence p_j = 0 (a select in the kernel; here
           exp2(-inf - finite) = 0 exactly).
   update  (online softmax, per row, fp32)
-          m_new = max(m, max_j s2_j)
+          m_new = max(m, c2 * max_j s_j)            (= max_j fl(c2 s_j): c2 > 0)
           NaN guard: if m_new == -inf the row has seen nothing so far and sees nothing in
           this tile: leave (m, l, acc) untouched (exp2(-inf - -inf) would be NaN). Else
           alpha = exp2(m - m_new)                (0 when m = -inf)
-          p_j   = exp2(s2_j - m_new)           scalar path: two roundings (s2_j, then the
-                                                 difference); tensor-core paths: one,
-                                                 exp2(fma(dot_j, c2, -m_new)), so p_j has no
-                                                 error of size ulp(s2_j) where |s2_j| is large
+          p_j   = exp2(fma(s_j, c2, -m_new))     one rounding, so p_j has no error of size
+                                                 ulp(c2 s_j) where |c2 s_j| is large (at
+                                                 fp16-max logits that would be 0.27 % of p_j)
           l     = l * alpha + sum_j p_j
           acc   = acc * alpha + sum_j p_j * v_j
           m     = m_new
 
 Lazy rescaling (the wgmma path at d = 64: T = ``config.rescale_log2(d)`` > 0): the 16 rows
 of a warp (rows [i0 + 16 w, i0 + 16 w + 16) of the Q tile) take m_new = m, so alpha = 1 and
-acc, l stay relative to the old m, unless one of them has max_j s2_j > m + T; then all 16
+acc, l stay relative to the old m, unless one of them has c2 max_j s_j > m + T; then all 16
 update as above. So p_j <= 2^T, and a row that has seen nothing (m = -inf) always updates
 once it sees a key. The kernel's rows past Sq (zero queries) vote too, which the model
 leaves out: that only moves a rescale, which changes rounding, not the result.
@@ -148,8 +146,8 @@ def _check_mutants(mutants) -> frozenset[str]:
 def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str]) -> np.ndarray:
     B, Sq, Hq, Hkv, d, G = a.B, a.Sq, a.Hq, a.Hkv, a.d, a.G
     BM, BKV = config.block_positions, config.bkv  # BM: positions a block (of pack heads)
-    # The tensor-core paths round three steps their own way: p = exp2(fma(dot, c2, -m)) (one
-    # rounding), P to fp16 before P.V, and out = acc * (1 / l).
+    # The tensor-core paths round two steps their own way: P to fp16 before P.V, and
+    # out = acc * (1 / l).
     tensor_core = config.path in TENSOR_CORE_PATHS
     lazy = config.rescale_log2(a.d)  # 0: every tile rescales
     S_cap, skv, W = k.shape[2], a.skv, a.window
@@ -211,17 +209,15 @@ def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str]) -> np.ndar
             j0 = t * BKV
             kt = _load_tile(k32, j0, BKV, kv_start, load_hi)  # (B, Hkv, BKV, d)
             vt = _load_tile(v32, j0, BKV, kv_start, load_hi)
-            # scores (in exp2 space on the scalar path), masked by the one predicate
+            # raw scores (c2 goes into the exponent), masked by the one predicate
             s = _matmul(qb, kt.swapaxes(-1, -2)[:, :, None])  # (B, Hkv, G, R, BKV)
-            if not tensor_core:
-                s *= c2
             vis = visible(p_rows, np.arange(j0, j0 + BKV)[None, :], W,
                           off_by_one="window_mask_off_by_one" in mut)
             if not vis.all():
                 s[..., ~vis] = _NEG_INF
             # online softmax with the NaN guard; max_j fl(c2 dot_j) = fl(c2 max_j dot_j)
             s_max = s.max(axis=-1)
-            m_new = np.maximum(m, s_max * c2 if tensor_core else s_max)
+            m_new = np.maximum(m, s_max * c2)
             if lazy:  # a warp's 16 rows keep m unless one's max grows by more than 2^lazy
                 grow = np.pad(m_new > m + lazy, [(0, 0)] * 3 + [(0, -R % 16)])
                 grow = grow.reshape(B, Hkv, G, -1, 16).any(axis=-1).repeat(16, axis=-1)[..., :R]
@@ -232,10 +228,8 @@ def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str]) -> np.ndar
             else:
                 guard, m_ref = None, m_new
             alpha = np.exp2(m - m_ref)  # exp2(-inf) = 0 when the row had seen nothing
-            if tensor_core:  # fma(dot, c2, -m): the fp64 product of two fp32 values is exact
-                s = (s.astype(np.float64) * np.float64(c2) - m_ref[..., None]).astype(_F32)
-            else:
-                s -= m_ref[..., None]
+            # fma(s, c2, -m): the fp64 product of two fp32 values is exact
+            s = (s.astype(np.float64) * np.float64(c2) - m_ref[..., None]).astype(_F32)
             np.exp2(s, out=s)  # p_j; invisible keys: exp2(-inf) = 0
             l_new = l * alpha + s.sum(axis=-1)
             # the tensor-core paths feed P to the MMAs as fp16 (l keeps the fp32 p)

@@ -148,8 +148,8 @@ def near_fp16_max_logits(seed, *, step, spread):
 @pytest.mark.parametrize("impl", IMPLS)
 def test_logits_near_fp16_max(impl):
     """Logits 59848..60120 (steps of 8, so neighbours differ by e^-8): nothing may overflow.
-    The max is subtracted before exp (the model: in exp2 space, s2 - m where both are
-    ~8.7e4), so P is finite and the output is a sharp but exact-enough mixture of v rows.
+    The max is subtracted before exp (the model: in exp2 space, fma(dot, c2, -m) where
+    both terms are ~8.7e4), so P is finite and the output is a sharp but exact-enough mixture of v rows.
     A per-head sink of the same size (60032, 60000, 59968, -inf) competes with the keys."""
     q, k, v, past = near_fp16_max_logits(0, step=8, spread=1)
     logits = q[0, :, 0].astype(np.float64) @ k[0, 0].astype(np.float64).T
@@ -159,29 +159,16 @@ def test_logits_near_fp16_max(impl):
         sink=np.array([60032, 60000, 59968, -np.inf], np.float16))
 
 
-NEAR_TIES_WHY = (
-    "fp32 logit rounding at |s| ~ 6e4 on the scalar path: the model (and gqa_flash_prefill.hip, "
-    "line 's2 = c2 * dot') forms s2 = (scale log2 e) * dot in fp32 before subtracting the row "
-    "max, so each s2 carries up to 2^-8 of absolute error (ulp of 8.7e4 is 2^-7): p_j is off by "
-    "up to 0.27%, against the baseline's fp16 P rounding of 0.05%. With logits a unit or two "
-    "apart this exceeds the derived gate (here relL2 7.6e-4 > gate 5.9e-4; 34 of seeds 0-199 "
-    "fail). Fix in the kernel: track the max of the raw dots and form exp2(fma(dot, c2, -m)), "
-    "as the tensor-core kernels do (the model-mma case).")
-
-
-@pytest.mark.parametrize("impl", [
-    "reference", pytest.param("model", marks=pytest.mark.xfail(strict=True, reason=NEAR_TIES_WHY)),
-    "model-mma"])
+@pytest.mark.parametrize("impl", IMPLS)
 def test_logits_near_fp16_max_with_near_ties(impl):
     """Logits 60000 + (sum of 63 integers in [-2, 2]): many keys within a unit or two of the
-    max, so every p_j matters. The reference is exact against the oracle. The tensor-core
-    paths never round s2 = c2 * dot: p_j = exp2(fma(dot_j, c2, -m)) rounds once, and m's own
-    rounding shifts every p_j of a row alike, so the model-mma case passes; the scalar path's
-    rounded s2 is not accurate enough at this magnitude (see the xfail reason). (Over seeds
-    0-199 of this construction the mma model still fails 11: its p carry the common factor
-    of m's rounding, so their fp16 rounding is independent of the baseline's, and with 6 to 11
-    keys a row that noise alone exceeds 2 x baseline at times. At magnitude 0 both models
-    fail none.)"""
+    max, so every p_j matters. The reference is exact against the oracle. No path rounds the
+    exp2-space logit c2 * dot on its own (its ulp at 8.7e4 is 2^-7, up to 0.27 % in p_j, which
+    34 of seeds 0-199 failed when the scalar kernel did): p_j = exp2(fma(dot_j, c2, -m)) rounds
+    once, and m's own rounding shifts every p_j of a row alike. (Over seeds 0-199 the mma
+    model still fails 11: its p carry the common factor of m's rounding, so their fp16
+    rounding is independent of the baseline's, and with 6 to 11 keys a row that noise alone
+    exceeds 2 x baseline at times. At magnitude 0 both models fail none.)"""
     q, k, v, past = near_fp16_max_logits(26, step=1, spread=2)
     run(impl, q, k, v, past_len=past, scale=1.0)
 

@@ -146,7 +146,7 @@ extern "C" __global__ HK_LAUNCH_BOUNDS(NTHREADS) void gqa_flash_prefill(
             }
         }
     }
-    const float c2 = scale * LOG2E;  // s2 = c2 * dot(q, k): logits in exp2 space
+    const float c2 = scale * LOG2E;  // c2 * dot(q, k): logits in exp2 space
 
     // Online-softmax state of this row (both lanes of the pair hold the same m and l).
     float m = hk_neg_inf(), l = 0.0f;
@@ -185,9 +185,10 @@ extern "C" __global__ HK_LAUNCH_BOUNDS(NTHREADS) void gqa_flash_prefill(
         }
         hk_sync();
 
-        // Scores in exp2 space. Both lanes take a partial dot over their half of the dims
-        // for keys 2u and 2u + 1 and complete it with one exchange; then lane_half 0 keeps
-        // key 2u and lane_half 1 key 2u + 1. Invisible keys get -inf.
+        // Raw scores q.k (c2 is applied in the exponent, below). Both lanes take a partial
+        // dot over their half of the dims for keys 2u and 2u + 1 and complete it with one
+        // exchange; then lane_half 0 keeps key 2u and lane_half 1 key 2u + 1. Invisible keys
+        // get -inf.
         float m_tile = hk_neg_inf();
 #pragma unroll UNROLL_S
         for (int u = 0; u < BKV / 2; ++u) {
@@ -196,28 +197,30 @@ extern "C" __global__ HK_LAUNCH_BOUNDS(NTHREADS) void gqa_flash_prefill(
             d0 += hk_xor1(d0);
             d1 += hk_xor1(d1);
             const int key = 2 * u + lane_half;
-            const float s2 = visible(p, j0 + key, window) ? c2 * (lane_half ? d1 : d0) : hk_neg_inf();
-            p_s[P_AT(row, key)] = s2;
-            m_tile = hk_fmax(m_tile, s2);
+            const float s = visible(p, j0 + key, window) ? (lane_half ? d1 : d0) : hk_neg_inf();
+            p_s[P_AT(row, key)] = s;
+            m_tile = hk_fmax(m_tile, s);
         }
         m_tile = hk_fmax(m_tile, hk_xor1(m_tile));  // the row's max over the whole tile
 
         // Online softmax. NaN guard: a row that has seen nothing so far and sees nothing in
         // this tile (m_new = -inf) keeps (m, l, acc): it takes alpha = 1 and p = 0 instead of
         // exp2(-inf - -inf) = NaN.
-        const float m_new = hk_fmax(m, m_tile);
+        const float m_new = hk_fmax(m, c2 * m_tile);  // c2 > 0: max_j c2 s_j = c2 max_j s_j
 #ifdef HIPKERNEL_MUTANT_NO_NAN_GUARD
         const bool update = true;
 #else
         const bool update = m_new != hk_neg_inf();
 #endif
         const float alpha = update ? hk_exp2(m - m_new) : 1.0f;  // 0 when m = -inf
+        // p_j = exp2(c2 s_j - m_new) with one rounding: at |c2 s_j| near fp16's max, c2 s_j
+        // rounded on its own would be off by up to 2^-8, 0.27 % of p_j.
         float l_tile = 0.0f;  // p = 0 for invisible keys, by select; each lane its own keys
 #pragma unroll UNROLL_S
         for (int u = 0; u < BKV / 2; ++u) {
             float* slot = &p_s[P_AT(row, 2 * u + lane_half)];
-            const float s2 = *slot;
-            const float pj = update && s2 != hk_neg_inf() ? hk_exp2(s2 - m_new) : 0.0f;
+            const float s = *slot;
+            const float pj = update && s != hk_neg_inf() ? hk_exp2(hk_fma(s, c2, -m_new)) : 0.0f;
             l_tile += pj;
             *slot = pj;
         }
