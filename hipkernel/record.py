@@ -4,7 +4,9 @@
 Every record is a JSON object carrying ``kernel_source_hash`` (``api.source_hash()`` at the
 time of the run), ``device``, ``date``, and ``ok``. CI has no GPU; it runs
 ``python -m hipkernel.record --check reports/gpu`` which fails when any record's hash
-differs from the current kernel source (stale) or when a record says it failed.
+differs from the current kernel source (stale) or when a record says it failed, and when a
+bench record timed no peer (torch did not import: hipkernel alone says nothing against SDPA,
+cuDNN or Flex).
 
 Record kinds (field ``kind``): ``matrix`` (case matrix: per-case outcome, relL2, max-abs,
 time, autotune choices), ``mutants`` (GPU kill matrix), ``measure`` (timings the issues ask
@@ -88,7 +90,24 @@ def check_record(rec: dict, current_hash: str | None = None) -> list[str]:
                         f"kernel source {current_hash[:12]} (re-run on the GPU)")
     if not rec["ok"]:
         problems.append("the recorded run failed: " + _failure_detail(rec))
+    if rec["kind"] == "bench":
+        problems += _bench_problems(rec)
     return problems
+
+
+def _bench_problems(rec: dict) -> list[str]:
+    """A committed bench record must hold at least one peer timed in the same run: without
+    torch the bench still times hipkernel alone (with host launch overhead inside its events,
+    ``hipkernel.bench``), which says nothing against SDPA, cuDNN or Flex."""
+    avail = rec.get("peers_available")
+    if not isinstance(avail, dict):
+        return ["missing field 'peers_available' (which peers the bench could run)"]
+    if any(isinstance(p, dict) and p.get("available") for p in avail.values()):
+        return []
+    reasons = sorted({" ".join(str(p.get("reason", "?")).split())
+                      for p in avail.values() if isinstance(p, dict)})
+    return ["no peer ran in this bench (" + "; ".join(reasons or ["no peers listed"]) + "): "
+            "re-run it where torch imports and sees the GPU"]
 
 
 def _failure_detail(rec: dict) -> str:

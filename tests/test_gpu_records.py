@@ -39,6 +39,26 @@ def test_checker_flags_stale_and_failing_records():
     assert record.check_record({"kind": "matrix"})  # missing fields
 
 
+def test_a_bench_record_without_any_peer_is_flagged():
+    """The committed bench must compare: a run whose torch did not import (as happened on
+    the H200 in session 20, in one process) times hipkernel alone and is refused."""
+    rec = json.loads((GPU_DIR / "bench-h200.json").read_text())
+    assert record.check_record(rec) == []
+    assert any(p["available"] for p in rec["peers_available"].values())
+    alone = copy.deepcopy(rec)
+    why = "torch not importable: RuntimeError: expected ident but found ')' here:\n  annotate"
+    alone["peers_available"] = {n: {"available": False, "reason": why} for n in ("sdpa", "flex")}
+    (problem,) = record.check_record(alone)
+    assert problem.startswith("no peer ran in this bench (torch not importable: RuntimeError: "
+                              "expected ident but found ')' here: annotate)")
+    del alone["peers_available"]
+    assert record.check_record(alone) == [
+        "missing field 'peers_available' (which peers the bench could run)"]
+    not_asked = {**rec, "peers_available": {"sdpa": {"available": False,
+                                                     "reason": "not requested (--peers)"}}}
+    assert "not requested (--peers)" in record.check_record(not_asked)[0]
+
+
 def test_a_scaling_record_is_carried_across_kernel_edits_and_must_still_pass():
     """Only the two-GPU scaling record outlives a kernel edit (CARRIED_KINDS): every other
     kind of another kernel source is stale."""
@@ -74,7 +94,8 @@ def _device_outputs(tmp_path: Path, *, hash_=None, mutants_ok=True) -> tuple[Pat
     for d in (rec_dir, rel_dir):  # both runs write the matrix, measure and bench records
         put(d / "h200.json", "matrix", results=[], run=d.name)
         put(d / "measure-h200.json", "measure", run=d.name)
-        put(d / "bench-h200.json", "bench", run=d.name)
+        put(d / "bench-h200.json", "bench", run=d.name,
+            peers_available={"sdpa": {"available": True, "reason": "torch SDPA"}})
     put(rec_dir / "mutants-h200.json", "mutants", mutants=[])
     put(rel_dir / "reliability-h200.json", "reliability")
     put(tmp_path / "scaling.json", "scaling")
@@ -146,6 +167,14 @@ def test_collect_refuses_stale_failing_or_missing_outputs_and_writes_nothing(tmp
     # a kill matrix with a survivor: mma-check is a failed record
     rec_dir, rel_dir, scaling = _device_outputs(tmp_path / "failing", mutants_ok=False)
     with pytest.raises(ValueError, match=r"mma-check-h200\.json: the recorded run failed"):
+        record.collect(rec_dir, rel_dir, scaling, out)
+    # the bench of the reliability run (the one collected) timed no peer
+    rec_dir, rel_dir, scaling = _device_outputs(tmp_path / "alone")
+    bench = json.loads((rel_dir / "bench-h200.json").read_text())
+    bench["peers_available"] = {"sdpa": {"available": False, "reason": "torch not importable"}}
+    (rel_dir / "bench-h200.json").write_text(json.dumps(bench))
+    with pytest.raises(ValueError, match=r"bench-h200\.json: no peer ran in this bench "
+                                         r"\(torch not importable\)"):
         record.collect(rec_dir, rel_dir, scaling, out)
     # the scaling record not there; an mma_check.json from before it carried the hash
     rec_dir, rel_dir, scaling = _device_outputs(tmp_path / "partial")
