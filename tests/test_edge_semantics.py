@@ -149,8 +149,9 @@ def near_fp16_max_logits(seed, *, step, spread):
 @pytest.mark.parametrize("impl", IMPLS)
 def test_logits_near_fp16_max(impl):
     """Logits 59848..60120 (steps of 8, so neighbours differ by e^-8): nothing may overflow.
-    The max is subtracted before exp (the model: in exp2 space, fma(dot, c2, -m) where
-    both terms are ~8.7e4), so P is finite and the output is a sharp but exact-enough mixture of v rows.
+    The max is subtracted before exp (the model: in exp2 space, fma(dot, c2, -m) where both
+    terms are ~8.7e4), so P is finite and the output is a sharp but exact-enough mixture of v
+    rows.
     A per-head sink of the same size (60032, 60000, 59968, -inf) competes with the keys."""
     q, k, v, past = near_fp16_max_logits(0, step=8, spread=1)
     logits = q[0, :, 0].astype(np.float64) @ k[0, 0].astype(np.float64).T
