@@ -168,9 +168,8 @@ def test_logits_near_fp16_max_with_near_ties(impl):
     exp2-space logit c2 * dot on its own (its ulp at 8.7e4 is 2^-7, up to 0.27 % in p_j, which
     34 of seeds 0-199 failed when the scalar kernel did): p_j = exp2(fma(dot_j, c2, -m)) rounds
     once, and m's own rounding shifts every p_j of a row alike. (Over seeds 0-199 the mma
-    model still fails 11: its p carry the common factor of m's rounding, so their fp16
-    rounding is independent of the baseline's, and with 6 to 11 keys a row that noise alone
-    exceeds 2 x baseline at times. At magnitude 0 both models fail none.)"""
+    model still fails 11, none at magnitude 0; with the row max rounded up,
+    reports/wip/session20/m-round-up.patch, it fails none.)"""
     q, k, v, past = near_fp16_max_logits(26, step=1, spread=2)
     run(impl, q, k, v, past_len=past, scale=1.0)
 
