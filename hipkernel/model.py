@@ -31,7 +31,9 @@ KV tiles t = t0 .. ceil(kv_end / BKV) - 1, keys j in [t*BKV, t*BKV + BKV):
           invisible keys get s_j = -inf, hence p_j = 0 (a select in the kernel; here
           exp2(-inf - finite) = 0 exactly).
   update  (online softmax, per row, fp32)
-          m_new = max(m, c2 * max_j s_j)            (= max_j fl(c2 s_j): c2 > 0)
+          m_new = max(m, c2 * max_j s_j rounded up)  (c2 > 0: >= every c2 s_j, so p_j <= 1
+                                                 at any magnitude; its rounding is common
+                                                 to the row and cancels in acc / l)
           NaN guard: if m_new == -inf the row has seen nothing so far and sees nothing in
           this tile: leave (m, l, acc) untouched (exp2(-inf - -inf) would be NaN). Else
           alpha = exp2(m - m_new)                (0 when m = -inf)
@@ -215,9 +217,9 @@ def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str]) -> np.ndar
                           off_by_one="window_mask_off_by_one" in mut)
             if not vis.all():
                 s[..., ~vis] = _NEG_INF
-            # online softmax with the NaN guard; max_j fl(c2 dot_j) = fl(c2 max_j dot_j)
+            # online softmax with the NaN guard; m from c2 * max_j dot_j rounded up
             s_max = s.max(axis=-1)
-            m_new = np.maximum(m, s_max * c2)
+            m_new = np.maximum(m, _mul_up(s_max, c2))
             if lazy:  # a warp's 16 rows keep m unless one's max grows by more than 2^lazy
                 grow = np.pad(m_new > m + lazy, [(0, 0)] * 3 + [(0, -R % 16)])
                 grow = grow.reshape(B, Hkv, G, -1, 16).any(axis=-1).repeat(16, axis=-1)[..., :R]
@@ -272,6 +274,16 @@ def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str]) -> np.ndar
     result = np.empty((B, Sq, Hq, d), np.float16)
     result[:, :, order, :] = out.reshape(B, Hq, Sq, d).transpose(0, 2, 1, 3)
     return result
+
+
+def _mul_up(x: np.ndarray, c: np.float32) -> np.ndarray:
+    """fp32 ``x * c`` rounded toward +inf (the kernels' ``hk_mul_up``): the fp64 product of two
+    fp32 values is exact; where its nearest fp32 value lies below it, one ulp up."""
+    exact = x.astype(np.float64) * np.float64(c)
+    near = exact.astype(_F32)
+    with np.errstate(invalid="ignore"):
+        low = near.astype(np.float64) < exact  # False for inf and NaN
+    return np.where(low, np.nextafter(near, _F32(np.inf)), near)
 
 
 # OpenBLAS runs a GEMM of at most 4 * 65536 multiply-adds (M*N*K) on one thread; above

@@ -24,13 +24,15 @@ def test_prints_a_line_per_config_and_magnitude(script, capsys):
     assert script.main(["m4_b64", "mma_m4_b32", "--seeds", "30"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in lines] == [
-        "m4_b64 magnitude 60000", "m4_b64 magnitude 0",
-        "mma_m4_b32 magnitude 60000", "mma_m4_b32 magnitude 0"]
-    # seed 26 of the construction is the edge test's, which the mma path (one fma) passes;
-    # at magnitude 0 no path fails any seed
-    assert "(seed 26 passes)" in lines[2]
+        "m4_b64 magnitude 60000", "m4_b64 magnitude 0", "m4_b64 logits ~3.6e9",
+        "mma_m4_b32 magnitude 60000", "mma_m4_b32 magnitude 0", "mma_m4_b32 logits ~3.6e9"]
+    # seed 26 of the construction is the edge test's, which both paths (one fma, the row max
+    # rounded up) pass; at magnitude 0 no path fails any seed; at ~3.6e9 every output is finite
+    assert "(seed 26 passes)" in lines[0] and "(seed 26 passes)" in lines[3]
     assert lines[1].startswith("m4_b64 magnitude 0: 0 of 30 fail")
-    assert lines[3].startswith("mma_m4_b32 magnitude 0: 0 of 30 fail")
+    assert lines[4].startswith("mma_m4_b32 magnitude 0: 0 of 30 fail")
+    assert lines[2] == "m4_b64 logits ~3.6e9: 0 of 30 non-finite"
+    assert lines[5] == "mma_m4_b32 logits ~3.6e9: 0 of 30 non-finite"
 
 
 def test_a_declined_launch_is_an_error(script, monkeypatch):

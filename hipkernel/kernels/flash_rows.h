@@ -58,8 +58,8 @@ HK_INLINE void mask_scores(float (&s)[NB_S][4], int j0, int t4, const int (&p)[2
 }
 
 // One online-softmax step over a tile of raw dot products s (in place: s becomes p, fp32).
-// Logits in exp2 space are s2 = c2 * dot, c2 = scale * LOG2E > 0; rounding is monotonic, so
-// max_j fl(c2 dot_j) = fl(c2 max_j dot_j) exactly. NaN guard: a row that has seen nothing
+// Logits in exp2 space are s2 = c2 * dot, c2 = scale * LOG2E > 0, so max_j s2_j = c2 max_j
+// dot_j; m takes it rounded up (hk_mul_up, portable.h), so that every p_j <= 1. NaN guard: a row that has seen nothing
 // so far and sees nothing in this tile (m_new = -inf) keeps (m, l, acc): it takes alpha = 1
 // and p = 0 instead of exp2(-inf - -inf) = NaN.
 //   p_j = exp2(s2_j - m_new) = exp2(fma(dot_j, c2, -m_new)), one FFMA and one MUFU; an
@@ -81,7 +81,7 @@ HK_INLINE void softmax_step(float (&s)[NB_S][4], float (&m)[2], float (&l)[2], f
     for (int r = 0; r < 2; ++r) {
         m_tile[r] = hk_fmax(m_tile[r], hk_xor(m_tile[r], 1));  // the row's 4 lanes
         m_tile[r] = hk_fmax(m_tile[r], hk_xor(m_tile[r], 2));
-        m_new[r] = hk_fmax(m[r], c2 * m_tile[r]);
+        m_new[r] = hk_fmax(m[r], hk_mul_up(c2, m_tile[r]));  // rounded up: p <= 1 (portable.h)
     }
 #if RESCALE_LOG2 > 0
     // Lazy rescaling: the warp keeps its rows' running max m while no row's grows by more

@@ -206,7 +206,8 @@ extern "C" __global__ HK_LAUNCH_BOUNDS(NTHREADS) void gqa_flash_prefill(
         // Online softmax. NaN guard: a row that has seen nothing so far and sees nothing in
         // this tile (m_new = -inf) keeps (m, l, acc): it takes alpha = 1 and p = 0 instead of
         // exp2(-inf - -inf) = NaN.
-        const float m_new = hk_fmax(m, c2 * m_tile);  // c2 > 0: max_j c2 s_j = c2 max_j s_j
+        // c2 > 0: max_j c2 s_j = c2 max_j s_j, rounded up so that every p_j <= 1 (portable.h)
+        const float m_new = hk_fmax(m, hk_mul_up(c2, m_tile));
 #ifdef HIPKERNEL_MUTANT_NO_NAN_GUARD
         const bool update = true;
 #else

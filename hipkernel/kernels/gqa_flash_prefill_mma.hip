@@ -399,8 +399,8 @@ extern "C" __global__ MMA_LAUNCH_BOUNDS void gqa_flash_prefill(
                 }
 #pragma unroll
                 for (int f = 0; f < WARP_M; ++f) {
-                    // The row max of the logits in exp2 space, s2 = c2 * dot: c2 > 0 and rounding is
-                    // monotonic, so max_j fl(c2 dot_j) = fl(c2 max_j dot_j) exactly.
+                    // The row max of the logits in exp2 space, s2 = c2 * dot: c2 > 0, so max_j s2_j =
+                    // c2 max_j dot_j, which m takes rounded up (portable.h): every p_j <= 1.
                     float m_tile[2] = {hk_neg_inf(), hk_neg_inf()};
 #pragma unroll
                     for (int nb = 0; nb < NB_S; ++nb)
@@ -419,7 +419,7 @@ extern "C" __global__ MMA_LAUNCH_BOUNDS void gqa_flash_prefill(
                     for (int r = 0; r < 2; ++r) {
                         m_tile[r] = hk_fmax(m_tile[r], hk_xor(m_tile[r], 1));  // the row's 4 lanes
                         m_tile[r] = hk_fmax(m_tile[r], hk_xor(m_tile[r], 2));
-                        m_new[r] = hk_fmax(m[f][r], c2 * m_tile[r]);
+                        m_new[r] = hk_fmax(m[f][r], hk_mul_up(c2, m_tile[r]));  // rounded up: p <= 1
 #ifdef HIPKERNEL_MUTANT_NO_NAN_GUARD
                         update[r] = true;  // m_new = -inf: alpha and p become exp2(-inf - -inf) = NaN
 #else

@@ -114,6 +114,16 @@ HK_INLINE float hk_fma(float a, float b, float c) { return __builtin_fmaf(a, b, 
 HK_INLINE float hk_fmax(float a, float b) { return __builtin_fmaxf(a, b); }
 HK_INLINE float hk_neg_inf() { return -__builtin_inff(); }
 HK_INLINE float hk_rcp(float x) { return 1.0f / x; }  // correctly rounded (HIP's default)
+// a * b rounded toward +inf (no per-instruction rounding modes here): the nearest product,
+// one ulp up when the exact error a * b - p (an fma, exact) is positive. inf, NaN and exact
+// products stay as they are; an exact product below the smallest subnormal that rounded to
+// 0 becomes the smallest subnormal.
+HK_INLINE float hk_mul_up(float a, float b) {
+    const float p = a * b;
+    if (!(__builtin_fmaf(a, b, -p) > 0.0f)) return p;
+    const int i = __builtin_bit_cast(int, p);
+    return __builtin_bit_cast(float, p == 0.0f ? 1 : (p > 0.0f ? i + 1 : i - 1));
+}
 #else
 HK_INLINE float hk_exp2(float x) { return exp2f(x); }  // ex2.approx based
 HK_INLINE float hk_fma(float a, float b, float c) { return fmaf(a, b, c); }
@@ -128,7 +138,13 @@ HK_INLINE float hk_rcp(float x) {
     asm("rcp.rn.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
 }
+HK_INLINE float hk_mul_up(float a, float b) { return __fmul_ru(a, b); }  // a * b toward +inf
 #endif
+// The row max of the logits in exp2 space, c2 * max_j dot_j, is taken rounded UP: then every
+// visible key has c2 * dot_j <= m, so p_j = exp2(fma(dot_j, c2, -m)) <= 1 (<= 2^RESCALE_LOG2
+// under lazy rescaling) at any magnitude. Rounded to nearest, m may sit ulp(m) / 2 below a
+// logit, which at |m| >= 2^31 is over 128: p_j = inf, out = inf / inf = NaN. m's rounding is
+// a factor common to the row's p_j, so it cancels in acc / l.
 
 // ---- lane exchange: the value of the partner lane (lane ^ 1) ----------------------------
 #if HK_AMD
