@@ -19,6 +19,9 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1 HIPKERNEL_CACHE_DIR=${HIPKERNEL_CACHE_DIR
 : "${OUT:?set OUT to the output directory}"
 mkdir -p "$OUT" || exit 2
 LIMIT=${LIMIT:-450}
+# MMA_JOBS: processes for mma_check's kill matrices, one forced config each, all on its GPU
+# (the kill matrices time nothing; one at a time they took 475-540 s of an H200 call).
+MMA_JOBS=${MMA_JOBS:-1}
 # ONE_GPU=1: a machine with one H200 (nvidia-h200) runs the two parts one after the other on
 # GPU 0 (about twice the time; each part keeps its own LIMIT).
 ONE_GPU=${ONE_GPU:-0}
@@ -35,7 +38,7 @@ session() {
 }
 mma_check() {
     CUDA_VISIBLE_DEVICES=$GPU_B timeout "$LIMIT" python3 scripts/mma_check.py --no-prewarm \
-        --sections mutants,sweep --out "$OUT" >> "$OUT/mma.log" 2>&1
+        --sections mutants,sweep --jobs "$MMA_JOBS" --out "$OUT" >> "$OUT/mma.log" 2>&1
     echo "mma_check rc=$? after $(( $(date +%s) - t0 )) s" >> "$OUT/mma.log"
 }
 PARTS=${PARTS:-session,mma_check}

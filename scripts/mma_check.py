@@ -4,7 +4,7 @@ at the gpt-oss geometry.
 
     HIPKERNEL_CACHE_DIR=build/hkcache PYTHONPATH=. python3 scripts/mma_check.py \
         [--out DIR] [--sections matrix,sweep,mutants,time,records] [--no-prewarm]
-        [--configs wgmma_m4_b64,mma_m4_b64,...]
+        [--configs wgmma_m4_b64,mma_m4_b64,...] [--jobs N]
 
 Every kernel the sections launch is compiled first, in parallel processes, into the disk
 cache (``records`` only does that for what ``hipkernel.gpu_session`` compiles).
@@ -45,6 +45,15 @@ MMA_ALL = (MMA_CANDIDATES + MMA_WIDE_CANDIDATES + MMA_PACK_CANDIDATES + MMA_WALK
 
 
 _SECTIONS: list[str] = []
+_JOBS = 1  # --jobs: processes for the mutants section
+_DOC: dict = {}  # what main writes to OUT/mma_check.json (sections save into it as they go)
+
+
+def _save(out: Path | None, part: dict) -> None:
+    """Write the record so far (``part`` merged over it) to ``out``/mma_check.json."""
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "mma_check.json").write_text(json.dumps({**_DOC, **part}, indent=1, default=str))
 
 
 class ForcedKernel(HipKernel):
@@ -187,26 +196,50 @@ def section_sweep(out: Path) -> list:
     return rows
 
 
+def _kill_matrix(cfg: KernelConfig) -> tuple[str, dict]:
+    """One forced config's kill matrix over seed + extended: (printed grid and verdict, JSON)."""
+    from refattn.cases import load_suites
+    from refattn.killmatrix import format_grid, run_kill_matrix
+
+    km = run_kill_matrix(lambda mutants: ForcedKernel(cfg, mutants=mutants),
+                         load_suites(["seed", "extended"]))
+    text = (f"{format_grid(km)}\n== mutants ({cfg.name}): ok={km.ok} clean_ok={km.clean_ok} "
+            f"survivors={[m.name for m in km.mutants if not m.killed]}")
+    return text, km.to_json()
+
+
 def section_mutants(out: Path) -> dict:
     """The kill matrix with a tensor-core path forced (case tiles kept where allowed): at
     MMA_DEFAULT, the first 32-rows-a-warp config, the widest packed config walking Q tiles
     (each case at the most of its packing that its G allows; its Q tiles are the unwalked
     packed tile's, and under the windows whose KV span fits it keeps their K/V tiles in its
-    ring) and each head dim's wgmma config."""
-    from refattn.cases import load_suites
-    from refattn.killmatrix import format_grid, run_kill_matrix
+    ring) and each head dim's wgmma config.
 
-    doc = {}
-    for cfg in (MMA_DEFAULT, MMA_WIDE_CANDIDATES[0], MMA_WALK_CANDIDATES[-1], *WGMMA_CANDIDATES):
-        if cfg not in MMA_ALL:
-            continue  # narrowed away by --configs
-        km = run_kill_matrix(lambda mutants, cfg=cfg: ForcedKernel(cfg, mutants=mutants),
-                             load_suites(["seed", "extended"]))
-        print(format_grid(km), flush=True)
-        print(f"== mutants ({cfg.name}): ok={km.ok} clean_ok={km.clean_ok} "
-              f"survivors={[m.name for m in km.mutants if not m.killed]}", flush=True)
-        doc[cfg.name] = km.to_json()
-    return doc
+    With ``--jobs N`` the configs run in N processes at once on the one GPU (nothing here is
+    timed: the time goes to the host, building inputs and comparing outputs); their results
+    are written as each config finishes, so a run cut by its time limit keeps the finished
+    configs."""
+    cfgs = [c for c in (MMA_DEFAULT, MMA_WIDE_CANDIDATES[0], MMA_WALK_CANDIDATES[-1],
+                        *WGMMA_CANDIDATES) if c in MMA_ALL]  # --configs narrows
+    doc: dict = {}
+
+    def done(cfg, text, body):
+        print(text, flush=True)
+        doc[cfg.name] = body
+        _save(out, {"mutants": doc})
+
+    if _JOBS <= 1:
+        for cfg in cfgs:
+            done(cfg, *_kill_matrix(cfg))
+        return doc
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    with ProcessPoolExecutor(_JOBS, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(_kill_matrix, cfg): cfg for cfg in cfgs}
+        for f in as_completed(futures):
+            done(futures[f], *f.result())
+    return {c.name: doc[c.name] for c in cfgs}  # in the configs' order, not finishing order
 
 
 def _compile_one(job) -> str:
@@ -295,7 +328,14 @@ def main(argv=None) -> int:
                     help="compile what the sections need into the disk cache, run nothing")
     ap.add_argument("--configs", default=None,
                     help="comma-separated tensor-core config names to check (default: all)")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="processes for the mutants section's configs, all on the one GPU "
+                         "(default 1)")
     args = ap.parse_args(argv)
+    if args.jobs < 1:
+        raise ValueError(f"--jobs: expected at least 1, got {args.jobs}")
+    global _JOBS
+    _JOBS = args.jobs
     if args.configs:
         from hipkernel.reliability import config_from_name
 
@@ -306,7 +346,8 @@ def main(argv=None) -> int:
         prewarm(args.sections.split(","))
     if args.prewarm_only:
         return 0
-    doc = {"kernel_source_hash": api.source_hash()}  # what python -m hipkernel.record --collect checks
+    doc = _DOC
+    doc["kernel_source_hash"] = api.source_hash()  # what python -m hipkernel.record --collect checks
     for name in args.sections.split(","):
         t0 = time.perf_counter()
         print(f"== {name}", flush=True)
@@ -320,9 +361,7 @@ def main(argv=None) -> int:
             traceback.print_exc()
             doc[name] = "error"
         print(f"== {name} done in {time.perf_counter() - t0:.1f} s", flush=True)
-        if args.out:
-            args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / "mma_check.json").write_text(json.dumps(doc, indent=1, default=str))
+        _save(args.out, {})
     return 0
 
 
