@@ -10,8 +10,11 @@
 #   ONE_GPU=1 OUT=dir bash scripts/h200x2_records.sh   (one H200: the parts in turn on GPU 0)
 #   PARTS=session (or mma_check) ONE_GPU=1 OUT=dir ...  (one part only: where the two in turn
 #          outlast one call, run them in two calls into two dirs and merge them into one)
-# The device tool brings back at most 8 files of its $OUT: PARTS=session writes 7 (gpus.csv,
-# mma.log, session.log and 4 JSON), so a call that also runs something else writes it elsewhere.
+# On one H200 the parts took 196 s and 201 s in two calls (session 21, each with its own
+# prewarm), so both fit one call: ONE_GPU=1 OUT=$OUT/rec ..., then h200x2_reliability.sh.
+# The device tool brings back at most 8 files of its $OUT: both parts write 8 (gpus.csv,
+# mma.log, session.log, 4 JSON and mma_check.json), so a call that also runs something else
+# writes it elsewhere.
 # Into reports/gpu/, with this script's, h200x2_reliability.sh's and hipkernel.scaling's outputs:
 #   python -m hipkernel.record --collect REC_DIR REL_DIR SCALING_JSON
 set -u
@@ -20,8 +23,9 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1 HIPKERNEL_CACHE_DIR=${HIPKERNEL_CACHE_DIR
 mkdir -p "$OUT" || exit 2
 LIMIT=${LIMIT:-450}
 # MMA_JOBS: processes for mma_check's kill matrices, one forced config each, all on its GPU
-# (the kill matrices time nothing; one at a time they took 475-540 s of an H200 call).
-MMA_JOBS=${MMA_JOBS:-1}
+# (they time nothing; one at a time the five took 475-540 s of an H200 call, five at once
+# 141 s). The sweep after them runs alone.
+MMA_JOBS=${MMA_JOBS:-5}
 # ONE_GPU=1: a machine with one H200 (nvidia-h200) runs the two parts one after the other on
 # GPU 0 (about twice the time; each part keeps its own LIMIT).
 ONE_GPU=${ONE_GPU:-0}
