@@ -11,7 +11,8 @@
 #   PARTS=session (or mma_check) ONE_GPU=1 OUT=dir ...  (one part only: where the two in turn
 #          outlast one call, run them in two calls into two dirs and merge them into one)
 # On one H200 the parts took 196 s and 201 s in two calls (session 21, each with its own
-# prewarm), so both fit one call: ONE_GPU=1 OUT=$OUT/rec ..., then h200x2_reliability.sh.
+# prewarm), so both should fit one call (not tried yet): ONE_GPU=1 OUT=$OUT/rec ..., then
+# h200x2_reliability.sh.
 # The device tool brings back at most 8 files of its $OUT: both parts write 8 (gpus.csv,
 # mma.log, session.log, 4 JSON and mma_check.json), so a call that also runs something else
 # writes it elsewhere.
