@@ -20,7 +20,9 @@ reference and the low-precision baseline of the same clean inputs
 (``refattn.reference.attention_with_baseline``, ``refattn.metrics.compare``). Both depend
 only on the case, so they are cached in-process: the mutant matrix runs a dozen kernels over
 the same cases and computes each reference once. The reference is computed before the kernel
-runs, from inputs the kernel has not yet seen, and only for supported cases.
+runs, from inputs the kernel has not yet seen, and only for supported cases. The inputs are
+built once a case as well and kept read-only, so no kernel can change what the next one (or
+the reference) sees; each run gets a fresh canary output buffer.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import os
 import platform
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -43,45 +45,40 @@ ACCEPTABLE = ("pass", "declined")
 SCHEMA = 1
 
 
-# --------------------------------------------------------------------------- reference cache
+# --------------------------------------------------------------------------- caches
 
-class ReferenceCache:
-    """LRU cache of ``case -> (fp64 reference, low-precision baseline)``, bounded in bytes.
+class _CaseLRU:
+    """LRU map ``case -> value`` bounded in bytes; ``budget_bytes`` defaults to the
+    environment variable ``env`` in MB, else ``default_mb``. Counts hits and misses."""
 
-    The baseline is rounded to fp16 by construction, so it is stored as float16 (lossless).
-    Cached arrays are read-only. Budget: ``$REFATTN_REF_CACHE_MB`` (default 2048 MB; the seed
-    suite needs about 0.5 GB)."""
-
-    def __init__(self, budget_bytes: int | None = None):
+    def __init__(self, budget_bytes: int | None, env: str, default_mb: int):
         if budget_bytes is None:
-            budget_bytes = int(float(os.environ.get("REFATTN_REF_CACHE_MB", "2048")) * 2**20)
+            budget_bytes = int(float(os.environ.get(env, str(default_mb))) * 2**20)
         self.budget = budget_bytes
-        self._data: OrderedDict[Case, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        self._data: OrderedDict[Case, tuple[object, int]] = OrderedDict()
         self.nbytes = 0
         self.hits = 0
         self.misses = 0
 
-    def get(self, case: Case, inputs: Inputs | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def _lookup(self, case: Case):
         hit = self._data.get(case)
-        if hit is not None:
-            self.hits += 1
-            self._data.move_to_end(case)
-            return hit
-        self.misses += 1
-        inputs = inputs if inputs is not None else make_inputs(case)
-        k, v = inputs.clean_kv()
-        ref, base = attention_with_baseline(inputs.q, k, v, **inputs.reference_kwargs())
-        base = base.astype(np.float16)
-        for a in (ref, base):
-            a.flags.writeable = False
-        size = ref.nbytes + base.nbytes
-        if size <= self.budget:
-            self._data[case] = (ref, base)
-            self.nbytes += size
-            while self.nbytes > self.budget:
-                _, (r, b) = self._data.popitem(last=False)
-                self.nbytes -= r.nbytes + b.nbytes
-        return ref, base
+        if hit is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self._data.move_to_end(case)
+        return hit[0]
+
+    def _store(self, case: Case, value, size: int) -> None:
+        """Keep ``value`` (``size`` bytes) unless it alone exceeds the budget; evict the least
+        recently used entries down to the budget."""
+        if size > self.budget:
+            return
+        self._data[case] = (value, size)
+        self.nbytes += size
+        while self.nbytes > self.budget:
+            _, (_, old) = self._data.popitem(last=False)
+            self.nbytes -= old
 
     def clear(self) -> None:
         self._data.clear()
@@ -91,7 +88,58 @@ class ReferenceCache:
         return len(self._data)
 
 
+class ReferenceCache(_CaseLRU):
+    """LRU cache of ``case -> (fp64 reference, low-precision baseline)``, bounded in bytes.
+
+    The baseline is rounded to fp16 by construction, so it is stored as float16 (lossless).
+    Cached arrays are read-only. Budget: ``$REFATTN_REF_CACHE_MB`` (default 2048 MB; the seed
+    suite needs about 0.5 GB)."""
+
+    def __init__(self, budget_bytes: int | None = None):
+        super().__init__(budget_bytes, "REFATTN_REF_CACHE_MB", 2048)
+
+    def get(self, case: Case, inputs: Inputs | None = None) -> tuple[np.ndarray, np.ndarray]:
+        hit = self._lookup(case)
+        if hit is not None:
+            return hit
+        inputs = inputs if inputs is not None else make_inputs(case)
+        k, v = inputs.clean_kv()
+        ref, base = attention_with_baseline(inputs.q, k, v, **inputs.reference_kwargs())
+        base = base.astype(np.float16)
+        for a in (ref, base):
+            a.flags.writeable = False
+        self._store(case, (ref, base), ref.nbytes + base.nbytes)
+        return ref, base
+
+
+class InputCache(_CaseLRU):
+    """LRU cache of ``case -> make_inputs(case)``, bounded in bytes: a kill matrix runs a
+    dozen kernels over the same cases, and building their inputs (a pure function of the case)
+    was most of its host time (one forced config's 14 passes over seed + extended on a CPU-only
+    machine: 40 of 57 s).
+
+    ``get`` returns a new :class:`Inputs` each time: the cached q, k, v and sink, read-only (a
+    kernel that writes its inputs raises instead of corrupting the next kernel's), and a fresh
+    canary output buffer. Budget: ``$REFATTN_INPUT_CACHE_MB`` (default 1024 MB; seed +
+    extended need about 0.3 GB)."""
+
+    def __init__(self, budget_bytes: int | None = None):
+        super().__init__(budget_bytes, "REFATTN_INPUT_CACHE_MB", 1024)
+
+    def get(self, case: Case) -> Inputs:
+        inputs = self._lookup(case)
+        if inputs is None:
+            inputs = make_inputs(case)
+            arrays = [a for a in (inputs.q, inputs.k, inputs.v, inputs.sink) if a is not None]
+            for a in arrays:
+                a.flags.writeable = False
+            self._store(case, inputs, sum(a.nbytes for a in arrays))
+        return replace(inputs, out=inputs.fresh_out(),
+                       config=None if inputs.config is None else dict(inputs.config))
+
+
 REFERENCE_CACHE = ReferenceCache()
+INPUT_CACHE = InputCache()
 
 
 def reference_for(case: Case, inputs: Inputs | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -210,14 +258,18 @@ def _exception_note(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
-def run_case(kernel, case: Case, *, cache: ReferenceCache | None = None) -> Result:
-    """Run ``kernel`` (an adapter) on ``case`` and judge the outcome (see the module docstring)."""
+def run_case(kernel, case: Case, *, cache: ReferenceCache | None = None,
+             input_cache: InputCache | None = None) -> Result:
+    """Run ``kernel`` (an adapter) on ``case`` and judge the outcome (see the module docstring).
+    ``cache`` / ``input_cache``: where the reference and the inputs are kept (default: the
+    module's ``REFERENCE_CACHE`` and ``INPUT_CACHE``)."""
     cache = REFERENCE_CACHE if cache is None else cache
+    input_cache = INPUT_CACHE if input_cache is None else input_cache
     params = case.to_dict()
     params["describe"] = case.describe()
     res = Result(case=case.name, suite=case.suite, outcome="error",
                  seed_contract=case.seed_contract, params=params)
-    inputs = make_inputs(case)
+    inputs = input_cache.get(case)
     buf = inputs.out
     try:
         supported = bool(kernel.supports(case))
@@ -320,5 +372,5 @@ def run_matrix(kernel, cases, progress=None, *, cache: ReferenceCache | None = N
                         host=host_info())
 
 
-__all__ = ["ACCEPTABLE", "OUTCOMES", "MatrixResult", "REFERENCE_CACHE", "ReferenceCache",
-           "Result", "reference_for", "run_case", "run_matrix"]
+__all__ = ["ACCEPTABLE", "INPUT_CACHE", "InputCache", "OUTCOMES", "MatrixResult", "REFERENCE_CACHE",
+           "ReferenceCache", "Result", "reference_for", "run_case", "run_matrix"]

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from refattn import kernels as K
-from refattn.cases import Case
-from refattn.runner import ReferenceCache, run_case, run_matrix
+from refattn.cases import Case, make_inputs
+from refattn.runner import InputCache, ReferenceCache, run_case, run_matrix
 from tests import helpers_kernels as H
 
 
@@ -157,6 +157,43 @@ def test_reference_cache_evicts_to_its_byte_budget():
     one = 40 * 4 * 16 * (8 + 2)  # fp64 reference + fp16 baseline of one case
     cache = ReferenceCache(budget_bytes=one)
     cache.get(SINK)
+    cache.get(_case("t-other"))
+    assert len(cache) == 1 and cache.nbytes == one
+    cache.get(SINK)
+    assert cache.misses == 3
+
+
+class _InputWriter(H.CorrectKernel):
+    """Scales q in place before computing (a kernel that treats its inputs as scratch)."""
+
+    name = "input-writer"
+
+    def compute(self, inputs):
+        inputs.q *= 2
+        return super().compute(inputs)
+
+
+def test_inputs_are_built_once_a_case_and_no_kernel_can_change_them():
+    inputs, refs = InputCache(), ReferenceCache()
+    kernels = (H.CorrectKernel(), _InputWriter(), H.WrongSinkKernel(), H.CorrectKernel())
+    results = [run_case(k, SINK, cache=refs, input_cache=inputs) for k in kernels]
+    assert [r.outcome for r in results] == ["pass", "error", "fail", "pass"]
+    assert "read-only" in results[1].note  # the write raised; the next kernels saw clean q
+    assert results[3].rel_l2 == results[0].rel_l2
+    assert (inputs.misses, inputs.hits, len(inputs)) == (1, 3, 1)
+    a, b = inputs.get(SINK), inputs.get(SINK)
+    assert a.q is b.q and not a.q.flags.writeable and not a.k.flags.writeable
+    assert a.out is not b.out and a.out.flags.writeable and a.out_intact()
+    fresh = make_inputs(SINK)
+    for name in ("q", "k", "v", "sink"):  # the cached arrays are make_inputs', bit for bit
+        assert getattr(a, name).tobytes() == getattr(fresh, name).tobytes()
+
+
+def test_input_cache_evicts_to_its_byte_budget():
+    one = (40 * 4 * 16 + 2 * 2 * SINK.s_cap * 16) * 2 + 4 * 2  # q, k, v (fp16) and sink
+    cache = InputCache(budget_bytes=one)
+    cache.get(SINK)
+    assert len(cache) == 1 and cache.nbytes == one
     cache.get(_case("t-other"))
     assert len(cache) == 1 and cache.nbytes == one
     cache.get(SINK)
