@@ -53,7 +53,16 @@ class _CaseLRU:
 
     def __init__(self, budget_bytes: int | None, env: str, default_mb: int):
         if budget_bytes is None:
-            budget_bytes = int(float(os.environ.get(env, str(default_mb))) * 2**20)
+            raw = os.environ.get(env, str(default_mb))
+            try:
+                mb = float(raw)
+            except ValueError:
+                mb = math.nan
+            if not (math.isfinite(mb) and mb >= 0):
+                raise ValueError(f"{env}: expected a number of MB >= 0 (0: keep nothing), got {raw!r}")
+            budget_bytes = int(mb * 2**20)
+        elif not (isinstance(budget_bytes, int) and budget_bytes >= 0):
+            raise ValueError(f"budget_bytes: expected an int >= 0, got {budget_bytes!r}")
         self.budget = budget_bytes
         self._data: OrderedDict[Case, tuple[object, int]] = OrderedDict()
         self.nbytes = 0

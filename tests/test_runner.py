@@ -200,6 +200,23 @@ def test_input_cache_evicts_to_its_byte_budget():
     assert cache.misses == 3
 
 
+@pytest.mark.parametrize("cls, env", [(ReferenceCache, "REFATTN_REF_CACHE_MB"),
+                                      (InputCache, "REFATTN_INPUT_CACHE_MB")], ids=["ref", "input"])
+def test_cache_budgets_are_checked(monkeypatch, cls, env):
+    for bad in ("1GB", "-1", "nan", "inf"):
+        monkeypatch.setenv(env, bad)
+        with pytest.raises(ValueError, match=rf"^{env}: expected a number of MB >= 0 .*got '{bad}'"):
+            cls()
+    monkeypatch.setenv(env, "0.5")
+    assert cls().budget == 2**19
+    monkeypatch.setenv(env, "0")  # keeps nothing: every get builds anew
+    cache = cls()
+    cache.get(SINK), cache.get(SINK)
+    assert (cache.misses, len(cache)) == (2, 0)
+    with pytest.raises(ValueError, match=r"^budget_bytes: expected an int >= 0, got -1"):
+        cls(budget_bytes=-1)
+
+
 # ------------------------------------------------------------------ registry
 
 def test_registry_lists_the_builtins():
