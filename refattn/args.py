@@ -25,6 +25,11 @@ import numpy as np
 MAX_ELEMENTS = 2**34
 
 
+class EnvVarError(ValueError):
+    """A ``$REFATTN_*`` environment variable the harness cannot use; the message starts with
+    its name. The ``refattn`` command line reports it in one line (exit 2)."""
+
+
 @dataclass(frozen=True)
 class Attn:
     """A validated attention call: geometry plus resolved options."""

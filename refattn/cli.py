@@ -370,6 +370,7 @@ def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``refattn`` console script. Returns the exit status."""
+    from refattn.args import EnvVarError
     from refattn.cases import CaseError
     from refattn.kernels import KernelError
 
@@ -388,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     try:
         return int(args._run(args))
-    except (UsageError, CaseError, KernelError) as e:
+    except (UsageError, CaseError, KernelError, EnvVarError) as e:
         print(f"refattn {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

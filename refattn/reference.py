@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from refattn.args import Attn, check_attention_args, check_dtype
+from refattn.args import Attn, EnvVarError, check_attention_args, check_dtype
 
 # Scratch budget for one block's score matrix (G x rows x keys). Sets the query block size.
 _SCRATCH_BYTES = 8 * 2**20
@@ -53,7 +53,7 @@ def parse_threads(value: str) -> int:
     except ValueError:
         n = 0
     if n < 1:
-        raise ValueError(f"{THREADS_ENV}: expected an int >= 1, got {value!r}")
+        raise EnvVarError(f"{THREADS_ENV}: expected an int >= 1, got {value!r}")
     return n
 
 

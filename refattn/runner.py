@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from refattn.args import EnvVarError
 from refattn.cases import Case, Inputs, make_inputs
 from refattn.metrics import Comparison, compare
 from refattn.reference import attention_with_baseline
@@ -59,7 +60,7 @@ class _CaseLRU:
             except ValueError:
                 mb = math.nan
             if not (math.isfinite(mb) and mb >= 0):
-                raise ValueError(f"{env}: expected a number of MB >= 0 (0: keep nothing), got {raw!r}")
+                raise EnvVarError(f"{env}: expected a number of MB >= 0 (0: keep nothing), got {raw!r}")
             budget_bytes = int(mb * 2**20)
         elif not (isinstance(budget_bytes, int) and budget_bytes >= 0):
             raise ValueError(f"budget_bytes: expected an int >= 0, got {budget_bytes!r}")

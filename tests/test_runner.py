@@ -217,6 +217,28 @@ def test_cache_budgets_are_checked(monkeypatch, cls, env):
         cls(budget_bytes=-1)
 
 
+def test_cli_reports_a_bad_cache_budget_in_one_line(tmp_path):
+    """A fresh process (the caches are built when refattn.runner is imported): exit 2, one
+    line on stderr, no traceback, nothing run."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys; from refattn.cli import main; sys.exit(main())",
+         "run", "--kernel", "reference", "--suite", "seed", "-k", "gptoss-sink-past0",
+         "--json", str(tmp_path / "r.json")],
+        cwd=root, capture_output=True, text=True,
+        env={**os.environ, "PYTHONPATH": str(root), "REFATTN_INPUT_CACHE_MB": "1GB"})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [
+        "refattn run: error: REFATTN_INPUT_CACHE_MB: expected a number of MB >= 0 (0: keep "
+        "nothing), got '1GB'"]
+    assert not (tmp_path / "r.json").exists()
+
+
 # ------------------------------------------------------------------ registry
 
 def test_registry_lists_the_builtins():
