@@ -66,25 +66,78 @@ def _seed_gate_kills(r) -> bool:
     return r.outcome == "fail" and not r.seed_gate_pass
 
 
-def run_kill_matrix(make_kernel, cases, names=None, progress=None) -> KillMatrix:
+@dataclass(frozen=True)
+class KernelByName:
+    """A ``make_kernel`` that pickles (what ``run_kill_matrix(..., jobs > 1)`` needs): the
+    registry's kernel ``spec`` with the given mutants switched on."""
+
+    spec: str
+
+    def __call__(self, mutants: frozenset):
+        from refattn.kernels import get_kernel
+
+        return get_kernel(self.spec, mutants=mutants)
+
+
+@dataclass
+class _Run:
+    """One kernel over the cases, as much as the kill matrix keeps of it."""
+
+    kernel: str
+    ok: bool
+    bad: list[str]  # cases failed, errored or in contract violation
+    not_acceptable: list[str]  # cases neither passed nor declined
+    seed_gate_kills: list[str]
+
+
+def _judge(make_kernel, mutants: frozenset, cases, progress=None) -> _Run:
+    res = run_matrix(make_kernel(mutants), cases, progress=progress)
+    return _Run(kernel=res.kernel, ok=res.ok,
+                bad=[r.case for r in res.results if r.outcome in _BAD],
+                not_acceptable=[r.case for r in res.results if r.outcome not in ("pass", "declined")],
+                seed_gate_kills=[r.case for r in res.results if _seed_gate_kills(r)])
+
+
+def run_kill_matrix(make_kernel, cases, names=None, progress=None, *, jobs: int = 1,
+                    on_kernel_done=None) -> KillMatrix:
     """``make_kernel(mutants: frozenset) -> adapter``; ``cases``: loaded cases;
-    ``names``: mutant names to run (default: the whole catalogue)."""
+    ``names``: mutant names to run (default: the whole catalogue).
+
+    ``jobs > 1`` runs the clean kernel and the mutants in that many processes (``make_kernel``
+    must pickle: :class:`KernelByName`); each process builds its own inputs and references.
+    ``progress`` (per case) is for ``jobs == 1``; ``on_kernel_done(i, n, mutants)`` is called
+    as each of the n kernels finishes, in finishing order."""
+    if not (isinstance(jobs, int) and jobs >= 1):
+        raise ValueError(f"jobs: expected an int >= 1, got {jobs!r}")
     chosen = [m for m in MUTANTS if names is None or m.name in names]
-    clean = make_kernel(frozenset())
-    clean_res = run_matrix(clean, cases, progress=progress)
-    results = []
-    for m in chosen:
-        res = run_matrix(make_kernel(frozenset({m.name})), cases, progress=progress)
-        bad = [r for r in res.results if r.outcome in _BAD]
-        results.append(MutantResult(
-            name=m.name, breaks=m.breaks, killed=bool(bad),
-            killed_by=[r.case for r in bad],
-            killed_by_seed_gate=[r.case for r in res.results if _seed_gate_kills(r)],
-            equivalent=m.equivalent))
-    return KillMatrix(
-        kernel=clean_res.kernel, cases=[c.name for c in cases], clean_ok=clean_res.ok,
-        clean_failures=[r.case for r in clean_res.results if r.outcome not in ("pass", "declined")],
-        mutants=results)
+    sets = [frozenset()] + [frozenset({m.name}) for m in chosen]
+    runs: dict[frozenset, _Run] = {}
+
+    def done(mutants, run):
+        runs[mutants] = run
+        if on_kernel_done is not None:
+            on_kernel_done(len(runs), len(sets), mutants)
+
+    if jobs == 1:
+        for mutants in sets:
+            done(mutants, _judge(make_kernel, mutants, cases, progress))
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        cases = list(cases)
+        with ProcessPoolExecutor(min(jobs, len(sets)),
+                                 mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = {pool.submit(_judge, make_kernel, mutants, cases): mutants for mutants in sets}
+            for f in as_completed(futures):
+                done(futures[f], f.result())
+    clean = runs[sets[0]]
+    results = [MutantResult(name=m.name, breaks=m.breaks, killed=bool(runs[s].bad),
+                            killed_by=runs[s].bad, killed_by_seed_gate=runs[s].seed_gate_kills,
+                            equivalent=m.equivalent)
+               for m, s in zip(chosen, sets[1:])]
+    return KillMatrix(kernel=clean.kernel, cases=[c.name for c in cases], clean_ok=clean.ok,
+                      clean_failures=clean.not_acceptable, mutants=results)
 
 
 def format_grid(km: KillMatrix, width: int = 4) -> str:

@@ -21,16 +21,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-k", dest="match", action="append", metavar="SUBSTRING",
                    help="only cases whose name contains SUBSTRING (repeatable)")
     p.add_argument("--json", metavar="PATH", help="write the kill matrix as JSON ('-' = stdout)")
+    p.add_argument("-j", "--jobs", metavar="N", type=_job_count, default=1,
+                   help="run the clean kernel and the mutants in N processes (default 1; each "
+                        "builds its own inputs and references; a GPU kernel's share one GPU)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
-    p.epilog = ("examples:\n  refattn mutants\n  refattn mutants --kernel hipkernel --json reports/gpu/mutants.json\n"
+    p.epilog = ("examples:\n  refattn mutants\n  refattn mutants --jobs 2\n"
+                "  refattn mutants --kernel hipkernel --json reports/gpu/mutants.json\n"
                 "  refattn mutants --mutant no_nan_guard -k w128\n\n"
                 "exit status: 0 clean kernel passes and every mutant is killed, 1 otherwise, 2 usage error")
+
+
+def _job_count(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of processes, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1 process, got {n}")
+    return n
 
 
 def run(args) -> int:
     from refattn.cases import load_suites
     from refattn.kernels import get_kernel, kernel_available
-    from refattn.killmatrix import format_grid, run_kill_matrix
+    from refattn.killmatrix import KernelByName, format_grid, run_kill_matrix
     from refattn.mutants import MUTANTS, by_name
 
     for name in args.mutant or []:
@@ -58,9 +72,21 @@ def run(args) -> int:
             print(f"[{done['kernels']}/{n_mut + 1}] {label}", file=sys.stderr, flush=True)
         return get_kernel(args.kernel, mutants=mutants)
 
-    with ExitStack() as stack:
-        progress = None if args.quiet else _progress_printer(stack)
-        km = run_kill_matrix(make_kernel, cases, names=args.mutant, progress=progress)
+    def kernel_done(i, n, mutants):
+        if not args.quiet:
+            label = ", ".join(sorted(mutants)) or "clean kernel"
+            print(f"[{i}/{n}] done: {label}", file=sys.stderr, flush=True)
+
+    if args.jobs > 1:  # processes: the kernel is rebuilt there by name; a line as each ends
+        if not args.quiet:
+            print(f"{n_mut + 1} kernels over {len(cases)} cases in {args.jobs} processes",
+                  file=sys.stderr, flush=True)
+        km = run_kill_matrix(KernelByName(args.kernel), cases, names=args.mutant,
+                             jobs=args.jobs, on_kernel_done=kernel_done)
+    else:
+        with ExitStack() as stack:
+            progress = None if args.quiet else _progress_printer(stack)
+            km = run_kill_matrix(make_kernel, cases, names=args.mutant, progress=progress)
 
     doc = km.to_json()
     text = json.dumps(doc, indent=2, allow_nan=False)

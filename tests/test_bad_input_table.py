@@ -404,6 +404,8 @@ CLI_BAD = [
      ["mutants", "-k", "no-such-case", "-q"]),
     ("mutants-missing-case-file", "refattn mutants: error: nowhere/x.toml: no such case file",
      ["mutants", "--suite", "nowhere/x.toml"]),
+    ("mutants-jobs-zero", "refattn mutants: error: argument -j/--jobs: expected at least 1 process, got 0",
+     ["mutants", "--jobs", "0"]),
 ]
 
 

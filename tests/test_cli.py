@@ -170,3 +170,18 @@ def test_python_dash_m_exit_codes(suite_dir):
     bad = subprocess.run([sys.executable, "-m", "refattn", "run", "--kernel", "nope"],
                          cwd=ROOT, env=env, capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown kernel 'nope'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_mutants_in_processes_give_the_same_kill_matrix(tmp_path):
+    """``refattn mutants --jobs 2`` (the clean kernel and each mutant in one of two spawned
+    processes) writes the same JSON as one process."""
+    docs = []
+    for jobs in ("1", "2"):
+        path = tmp_path / f"km{jobs}.json"
+        code = cli.main(["mutants", "--suite", "seed", "-k", "gptoss-sink-past0", "-k",
+                         "gptoss-nosink-past0-w128", "--jobs", jobs, "--json", str(path), "-q"])
+        assert code == 1  # on two cases some mutants survive: the matrix is not ok
+        docs.append(json.loads(path.read_text()))
+    assert docs[0] == docs[1]
+    killed = {m["name"] for m in docs[0]["mutants"] if m["killed"]}
+    assert docs[0]["clean_ok"] and {"sink_ignored", "window_mask_off_by_one"} <= killed
