@@ -171,14 +171,20 @@ def _run_args(p: argparse.ArgumentParser) -> None:
                         "results are merged into the same table and JSON. Default 1: in-process")
 
 
-def _gpu_count(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number of GPUs, got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected at least 1 GPU, got {n}")
-    return n
+def _count_of(one: str, many: str) -> Callable[[str], int]:
+    """An argparse ``type``: a whole number >= 1 of ``one`` / ``many`` (the error says which)."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number of {many}, got {text!r}") from None
+        if n < 1:
+            raise argparse.ArgumentTypeError(f"expected at least 1 {one}, got {n}")
+        return n
+    return parse
+
+
+_gpu_count = _count_of("GPU", "GPUs")
 
 
 def _progress_printer(stack):

@@ -8,7 +8,8 @@ import sys
 from contextlib import ExitStack
 from pathlib import Path
 
-from refattn.cli import EXIT_FAIL, EXIT_OK, UsageError, _add_suite_option, _console, _progress_printer
+from refattn.cli import (EXIT_FAIL, EXIT_OK, UsageError, _add_suite_option, _console, _count_of,
+                         _progress_printer)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -21,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-k", dest="match", action="append", metavar="SUBSTRING",
                    help="only cases whose name contains SUBSTRING (repeatable)")
     p.add_argument("--json", metavar="PATH", help="write the kill matrix as JSON ('-' = stdout)")
-    p.add_argument("-j", "--jobs", metavar="N", type=_job_count, default=1,
+    p.add_argument("-j", "--jobs", metavar="N", type=_count_of("process", "processes"), default=1,
                    help="run the clean kernel and the mutants in N processes (default 1; each "
                         "builds its own inputs and references; a GPU kernel's share one GPU)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
@@ -29,16 +30,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                 "  refattn mutants --kernel hipkernel --json reports/gpu/mutants.json\n"
                 "  refattn mutants --mutant no_nan_guard -k w128\n\n"
                 "exit status: 0 clean kernel passes and every mutant is killed, 1 otherwise, 2 usage error")
-
-
-def _job_count(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number of processes, got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected at least 1 process, got {n}")
-    return n
 
 
 def run(args) -> int:

@@ -172,6 +172,7 @@ def test_python_dash_m_exit_codes(suite_dir):
     assert bad.returncode == 2 and "unknown kernel 'nope'" in bad.stderr and "Traceback" not in bad.stderr
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # no_nan_guard's NaN
 def test_mutants_in_processes_give_the_same_kill_matrix(tmp_path):
     """``refattn mutants --jobs 2`` (the clean kernel and each mutant in one of two spawned
     processes) writes the same JSON as one process."""
