@@ -7,8 +7,9 @@ derived gate (or errors, or produces non-finite output). Next to it we record wh
 would have killed it under the seed harness's fixed gate (relL2 <= 0.01) alone, which is the
 argument for the derived gate.
 
-The fp64 reference of each case is computed once (the runner caches it), so the cost is one
-kernel run per (mutant, case).
+The fp64 reference and the inputs of each case are built once a process (the runner caches
+them), so the cost is one kernel run per (mutant, case); ``jobs`` spreads the kernels over
+processes.
 """
 
 from __future__ import annotations
