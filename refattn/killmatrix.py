@@ -15,6 +15,7 @@ processes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 from refattn.mutants import MUTANTS
 from refattn.runner import run_matrix
@@ -80,20 +81,33 @@ class KernelByName:
         return get_kernel(self.spec, mutants=mutants)
 
 
+def in_processes(fn, items, jobs: int, done) -> None:
+    """``done(item, fn(item))`` for each of ``items``, ``fn`` run in ``jobs`` spawned
+    processes (``fn`` and the items must pickle), called in finishing order."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    items = list(items)
+    with ProcessPoolExecutor(min(jobs, len(items)),
+                             mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(fn, item): item for item in items}
+        for f in as_completed(futures):
+            done(futures[f], f.result())
+
+
 @dataclass
 class _Run:
     """One kernel over the cases, as much as the kill matrix keeps of it."""
 
     kernel: str
-    ok: bool
     bad: list[str]  # cases failed, errored or in contract violation
-    not_acceptable: list[str]  # cases neither passed nor declined
+    not_acceptable: list[str]  # cases neither passed nor declined (none: the kernel is ok)
     seed_gate_kills: list[str]
 
 
-def _judge(make_kernel, mutants: frozenset, cases, progress=None) -> _Run:
+def _judge(make_kernel, cases, mutants: frozenset, progress=None) -> _Run:
     res = run_matrix(make_kernel(mutants), cases, progress=progress)
-    return _Run(kernel=res.kernel, ok=res.ok,
+    return _Run(kernel=res.kernel,
                 bad=[r.case for r in res.results if r.outcome in _BAD],
                 not_acceptable=[r.case for r in res.results if r.outcome not in ("pass", "declined")],
                 seed_gate_kills=[r.case for r in res.results if _seed_gate_kills(r)])
@@ -119,26 +133,20 @@ def run_kill_matrix(make_kernel, cases, names=None, progress=None, *, jobs: int 
         if on_kernel_done is not None:
             on_kernel_done(len(runs), len(sets), mutants)
 
+    cases = list(cases)
     if jobs == 1:
         for mutants in sets:
-            done(mutants, _judge(make_kernel, mutants, cases, progress))
+            done(mutants, _judge(make_kernel, cases, mutants, progress))
     else:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-
-        cases = list(cases)
-        with ProcessPoolExecutor(min(jobs, len(sets)),
-                                 mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = {pool.submit(_judge, make_kernel, mutants, cases): mutants for mutants in sets}
-            for f in as_completed(futures):
-                done(futures[f], f.result())
+        in_processes(partial(_judge, make_kernel, cases), sets, jobs, done)
     clean = runs[sets[0]]
     results = [MutantResult(name=m.name, breaks=m.breaks, killed=bool(runs[s].bad),
                             killed_by=runs[s].bad, killed_by_seed_gate=runs[s].seed_gate_kills,
                             equivalent=m.equivalent)
                for m, s in zip(chosen, sets[1:])]
-    return KillMatrix(kernel=clean.kernel, cases=[c.name for c in cases], clean_ok=clean.ok,
-                      clean_failures=clean.not_acceptable, mutants=results)
+    return KillMatrix(kernel=clean.kernel, cases=[c.name for c in cases],
+                      clean_ok=not clean.not_acceptable, clean_failures=clean.not_acceptable,
+                      mutants=results)
 
 
 def format_grid(km: KillMatrix, width: int = 4) -> str:

@@ -1,6 +1,10 @@
 """The runner's verdicts on kernels with known behaviour, the reference cache, the registry."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -220,11 +224,6 @@ def test_cache_budgets_are_checked(monkeypatch, cls, env):
 def test_cli_reports_a_bad_cache_budget_in_one_line(tmp_path):
     """A fresh process (the caches are built when refattn.runner is imported): exit 2, one
     line on stderr, no traceback, nothing run."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     root = Path(__file__).resolve().parent.parent
     proc = subprocess.run(
         [sys.executable, "-c", "import sys; from refattn.cli import main; sys.exit(main())",
