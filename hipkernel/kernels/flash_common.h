@@ -1,0 +1,94 @@
+// flash_common.h: the steps of the fused prefill that do not depend on how a kernel lays out
+// its MMA fragments: visibility, the KV head of a query head, query positions, the first KV
+// tile of a Q tile, the keys a load keeps, and the sink term. Shared by the wgmma path
+// (through flash_rows.h) and the AMD matrix-core path (gqa_flash_prefill_amdmma.hip); every
+// mutant macro that bites here bites at the same place as in the scalar kernel.
+
+#define LOG2E 1.4426950408889634f  // exp(x) = exp2(x * LOG2E)
+
+// The window's lower bound: key j is inside a window of W keys (self included) ending at
+// absolute position p iff j >= window_lo(p, W) = p - W + 1.
+HK_INLINE int window_lo(int p, int window) {
+#ifdef HIPKERNEL_MUTANT_WINDOW_MASK_OFF_BY_ONE
+    return p - window;  // W + 1 keys
+#else
+    return p - window + 1;
+#endif
+}
+
+// Key j is visible from absolute query position p: causal, and under a window (W > 0)
+// j >= p - W + 1. W < 0: no window.
+HK_INLINE bool visible(int p, int j, int window) {
+    return j <= p && (window < 0 || j >= window_lo(p, window));
+}
+
+// Whether the sink term exists for this call (sink_mode 1 per head, 2 smooth: sigma = 0),
+// and the sink logit in exp2 space (the epilogue folds it in once).
+HK_INLINE bool sink_present(int sink_mode) {
+#if defined(HIPKERNEL_MUTANT_SINK_IGNORED)
+    return false;
+#elif defined(HIPKERNEL_MUTANT_SMOOTH_IGNORED)
+    return sink_mode == 1;
+#else
+    return sink_mode == 1 || sink_mode == 2;
+#endif
+}
+HK_INLINE float sink_logit2(const half_t* sink, int sink_mode, int h) {
+    const float sigma = sink_mode == 1 ? hk_h2f(sink[h]) : 0.0f;
+#ifdef HIPKERNEL_MUTANT_SINK_NO_LOG2E
+    return sigma;
+#else
+    return sigma * LOG2E;
+#endif
+}
+
+// ---- block-level steps (per Q tile)
+
+// The KV head of query head h: G = Hq / Hkv consecutive query heads share one.
+HK_INLINE int kv_head(int h, int Hq, int Hkv) {
+#ifdef HIPKERNEL_MUTANT_GQA_MODULO
+    return h % Hkv;
+#else
+    return h / (Hq / Hkv);
+#endif
+}
+
+// Query row i sits at absolute position query_base(past_len) + i (bottom-right alignment).
+HK_INLINE int query_base(int past_len) {
+#ifdef HIPKERNEL_MUTANT_PAST_LEN_IGNORED
+    return 0;  // top-left causal alignment
+#else
+    return past_len;
+#endif
+}
+
+// The first key any row at positions [p_first, p_last] of a Q tile may see.
+HK_INLINE int kv_start_of(int p_first, int window) {
+    return window > 0 ? (p_first - window + 1 > 0 ? p_first - window + 1 : 0) : 0;
+}
+
+// The first KV tile (of bkv keys) of that Q tile. Start-tile clamp from the tile's FIRST
+// row: the rows' lower bounds p - W + 1 are non-decreasing, so this start covers every row
+// and the mask trims the rest.
+HK_INLINE int first_tile(int p_first, int p_last, int window, int bkv) {
+#ifdef HIPKERNEL_MUTANT_CLAMP_FROM_LAST_ROW
+    int t0 = kv_start_of(p_last, window) / bkv;
+#else
+    int t0 = kv_start_of(p_first, window) / bkv;
+#endif
+#ifdef HIPKERNEL_MUTANT_CLAMP_PLUS_ONE_TILE
+    t0 += 1;
+#endif
+    return t0;
+}
+
+// Whether the load keeps key j; a key not kept is zero-filled: past skv (cache padding) and
+// below kv_start (below every row's window). P.V multiplies p = 0 by them, and 0 * NaN
+// would still be NaN.
+HK_INLINE bool key_kept(int j, int kv_start, int skv, int S_cap) {
+#ifdef HIPKERNEL_MUTANT_TAIL_UNMASKED
+    return j >= kv_start && j < S_cap;  // raw past skv: NaN canaries
+#else
+    return j >= kv_start && j < skv;
+#endif
+}
