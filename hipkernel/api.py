@@ -29,15 +29,18 @@ from pathlib import Path
 import numpy as np
 
 from hipkernel.autotune import TUNER, tune_key
-from hipkernel.config import (DEFAULT, HEAD_DIMS, MMA_MIN_SM, WGMMA_SM, KernelConfig,
-                              candidates, default_config, has_mma, has_wgmma)
+from hipkernel.config import (AMD_MMA_WAVE, DEFAULT, HEAD_DIMS, MMA_MIN_SM, WGMMA_SM,
+                              KernelConfig, candidates, default_config, has_mma, has_wgmma,
+                              runs_path)
 from refattn.args import check_attention_args
 from refattn.mutants import by_name as _mutant_by_name
 
 KERNEL_DIR = Path(__file__).parent / "kernels"
 KERNEL_FILE = KERNEL_DIR / "gqa_flash_prefill.hip"  # the scalar path
 KERNEL_FILES = {"scalar": KERNEL_FILE, "mma": KERNEL_DIR / "gqa_flash_prefill_mma.hip",
-                "wgmma": KERNEL_DIR / "gqa_flash_prefill_wgmma.hip"}
+                "wgmma": KERNEL_DIR / "gqa_flash_prefill_wgmma.hip",
+                "wmma": KERNEL_DIR / "gqa_flash_prefill_amdmma.hip",
+                "mfma": KERNEL_DIR / "gqa_flash_prefill_amdmma.hip"}
 KERNEL_NAME = "gqa_flash_prefill"  # the entry point of every path
 SUPPORTED_DTYPES = ("fp16",)
 _SINK_MODES = {"none": 0, "per_head": 1, "smooth": 2}
@@ -69,7 +72,8 @@ def inline_includes(read, name: str) -> str:
 
 @lru_cache(maxsize=None)
 def kernel_source(path: str = "scalar") -> str:
-    """The kernel of ``path`` ("scalar", "mma" or "wgmma", see ``hipkernel.config``) as one translation
+    """The kernel of ``path`` (``hipkernel.config.PATHS``: "scalar", "mma", "wgmma", "wmma" or
+    "mfma", the last two one file) as one translation
     unit: ``#include "x.h"`` of files beside it are inlined, so every compiler (NVRTC, hiprtc,
     clang) sees the same text and needs no include path."""
     if path not in KERNEL_FILES:
@@ -166,6 +170,10 @@ def _check_config_for(config: KernelConfig | None, arch: str, d: int | None = No
     if config is not None and config.path == "wgmma" and not has_wgmma(arch):
         raise ValueError(f"config: path 'wgmma' needs an NVIDIA sm_{WGMMA_SM} (Hopper) GPU, the "
                          f"backend targets {arch}")
+    if config is not None and config.path in AMD_MMA_WAVE and not runs_path(config.path, arch):
+        need = "an AMD gfx11 GPU" if config.path == "wmma" else "an AMD gfx90a / gfx94x GPU"
+        raise ValueError(f"config: path {config.path!r} needs {need} (or an NVIDIA GPU, which "
+                         f"emulates it), the backend targets {arch}")
 
 
 # --------------------------------------------------------------------------- device level

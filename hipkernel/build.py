@@ -297,8 +297,9 @@ def kernel_variants(mutants: bool = False) -> list[Variant]:
     ``mutants``, also each path's default config with each mutant macro (so every ``#ifdef``
     branch of both files compiles)."""
     from hipkernel import api
-    from hipkernel.config import (DEFAULT, HEAD_DIMS, MMA_DEFAULT, MMA_WIDE_CANDIDATES,
-                                  WGMMA_BY_HEAD_DIM, WIDE_HEAD_DIMS, compiled_variants)
+    from hipkernel.config import (DEFAULT, HEAD_DIMS, MFMA_CANDIDATES, MMA_DEFAULT,
+                                  MMA_WIDE_CANDIDATES, WGMMA_BY_HEAD_DIM, WIDE_HEAD_DIMS,
+                                  WMMA_CANDIDATES, compiled_variants)
 
     out = [Variant(d, cfg.name, api.kernel_defines(d, cfg), cfg.path)
            for d, cfg in compiled_variants()]
@@ -308,6 +309,7 @@ def kernel_variants(mutants: bool = False) -> list[Variant]:
         defaults = [(cfg, d) for cfg in (DEFAULT, MMA_DEFAULT) for d in HEAD_DIMS]
         defaults += [(cfg, d) for d, cfg in WGMMA_BY_HEAD_DIM.items()]  # the tile of each d
         defaults += [(MMA_WIDE_CANDIDATES[0], d) for d in WIDE_HEAD_DIMS]
+        defaults += [(cfg, d) for cfg in (WMMA_CANDIDATES[0], MFMA_CANDIDATES[0]) for d in HEAD_DIMS]
         out += [Variant(d, f"{cfg.name}+{m.name}", api.kernel_defines(d, cfg, {m.name}), cfg.path)
                 for cfg, d in defaults for m in MUTANTS]
     return out
@@ -315,11 +317,16 @@ def kernel_variants(mutants: bool = False) -> list[Variant]:
 
 def _compiles_for(v: Variant, target: str) -> bool:
     """Whether variant ``v`` is meant for ``target``: scalar everywhere, mma on sm_80+,
-    wgmma on sm_90a only (the target the CUDA backend compiles for on an sm_90 device)."""
-    from hipkernel.config import WGMMA_TARGET, has_mma
+    wgmma on sm_90a only (the target the CUDA backend compiles for on an sm_90 device), wmma
+    on gfx11 and mfma on gfx90a / gfx94x (their NVIDIA emulation is compiled when it runs)."""
+    from hipkernel.config import WGMMA_TARGET, has_mfma, has_mma, has_wmma
 
     if v.path == "wgmma":
         return target == WGMMA_TARGET
+    if v.path == "wmma":
+        return has_wmma(target)
+    if v.path == "mfma":
+        return has_mfma(target)
     return v.path == "scalar" or has_mma(target)
 
 

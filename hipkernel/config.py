@@ -10,8 +10,15 @@ ABI"; the wgmma path also takes KV_STAGES, which follows from the others):
                                (wgmma.mma_async), NVIDIA sm_90 devices only (compiled for
                                sm_90a); a warpgroup of 4 warps per 64 rows, so m_tiles is
                                4, 8 or 16
+              "wmma", "mfma"   kernels/gqa_flash_prefill_amdmma.hip: AMD matrix cores, a wave
+                               per 16 rows: WMMA on gfx11 (wave32), MFMA on gfx90a / gfx94x
+                               (wave64). On NVIDIA the same source runs with the instruction
+                               emulated (amd_mma.h), to check it; the tuner offers these
+                               configs on AMD only, and only when ``$HIPKERNEL_AMD_MMA`` is 1
+                               (not yet run on AMD hardware)
     BM      = 16 * M_TILES     query rows per block (one Q tile of one head)
     threads = 32 * M_TILES     scalar: each query row is owned by a pair of adjacent lanes;
+              (64 * M_TILES    mfma: a wave of 64 lanes per 16 rows)
               / WARP_M         mma: each warp owns 16 * WARP_M rows (WARP_M = 1 or 2; with 2
                                every K/V fragment read from shared memory feeds two MMAs);
                                wgmma: each warp 16 rows, each warpgroup 64; with ws
@@ -51,8 +58,16 @@ _BKV = (16, 32, 64, 128)  # the kernel needs a power of two
 _WARP_M = (1, 2)  # 16-row groups per warp (mma path)
 _PACK = (1, 2, 4, 8)  # query heads a block packs (mma path): a divisor of a fragment's 8 rows
 _WALK = (1, 2, 4, 8)  # Q tiles a block walks (mma path)
-PATHS = ("scalar", "mma", "wgmma")
-TENSOR_CORE_PATHS = ("mma", "wgmma")  # P is rounded to fp16 before P.V (hipkernel.model)
+PATHS = ("scalar", "mma", "wgmma", "wmma", "mfma")
+# P is rounded to fp16 before P.V (hipkernel.model)
+TENSOR_CORE_PATHS = ("mma", "wgmma", "wmma", "mfma")
+# The AMD matrix-core paths and their wave sizes (the instruction each compiles to, amd_mma.h).
+AMD_MMA_WAVE = {"wmma": 32, "mfma": 64}
+_AMD_MMA_M_TILES = {"wmma": (1, 2, 4, 8), "mfma": (1, 2, 4)}  # 1024 threads a block at most
+_AMD_MMA_BKV = (16, 32, 64)
+# The AMD matrix-core configs are offered to the tuner on AMD targets only when this variable
+# is 1: their kernel has run only through the emulation on NVIDIA so far.
+AMD_MMA_ENV = "HIPKERNEL_AMD_MMA"
 MMA_MIN_SM = 80  # mma.sync m16n8k16 f16 with fp32 accumulators, ldmatrix, cp.async
 WGMMA_SM = 90  # wgmma.mma_async: sm_90a code, which runs on compute capability 9.0 only
 WGMMA_TARGET = "sm_90a"
@@ -111,7 +126,8 @@ class KernelConfig:
 
     def __post_init__(self):
         # 16 groups (512 threads) only on the wgmma path: a warpgroup per 64 rows
-        _check_int("m_tiles", self.m_tiles, _M_TILES + (16,) if self.path == "wgmma" else _M_TILES)
+        _check_int("m_tiles", self.m_tiles,
+                   _M_TILES + (16,) if self.path == "wgmma" else _AMD_MMA_M_TILES.get(self.path, _M_TILES))
         _check_int("bkv", self.bkv, _BKV)
         if self.path not in PATHS:
             raise ValueError(f"path: expected one of {PATHS}, got {self.path!r}")
@@ -140,6 +156,8 @@ class KernelConfig:
                                  f"m_tiles in {_WGMMA_M_TILES}, got {self.m_tiles}")
             if self.bkv not in _WGMMA_BKV:
                 raise ValueError(f"bkv: path 'wgmma' needs bkv in {_WGMMA_BKV}, got {self.bkv}")
+        if self.path in AMD_MMA_WAVE and self.bkv not in _AMD_MMA_BKV:
+            raise ValueError(f"bkv: path {self.path!r} needs bkv in {_AMD_MMA_BKV}, got {self.bkv}")
 
     @property
     def block_rows(self) -> int:
@@ -162,10 +180,17 @@ class KernelConfig:
         return self if self.supports(G) else replace(self, pack=math.gcd(self.pack, G))
 
     @property
+    def wave(self) -> int:
+        """Lanes of the unit that owns 16 rows: 64 on the mfma path, else 32 (a warp, or a
+        wave32 on the wmma path)."""
+        return AMD_MMA_WAVE.get(self.path, 32)
+
+    @property
     def threads(self) -> int:
         """Threads per block: scalar, two lanes per query row; mma, a warp per 16 * warp_m rows;
-        wgmma, a warp per 16 rows and, with ws, the producer warpgroup."""
-        return 32 * self.m_tiles // self.warp_m + (128 if self.ws else 0)
+        wgmma, a warp per 16 rows and, with ws, the producer warpgroup; wmma / mfma, a wave
+        per 16 rows."""
+        return self.wave * self.m_tiles // self.warp_m + (128 if self.ws else 0)
 
     @property
     def name(self) -> str:
@@ -221,9 +246,9 @@ class KernelConfig:
     def kv_stages(self, d: int) -> int:
         """K/V tile buffers of the kernel: the mma path double-buffers (cp.async) when two
         stages fit in static shared memory; the wgmma path keeps as many as fit in
-        WGMMA_SMEM_BUDGET (WGMMA_WS_SMEM_BUDGET with ws), up to WGMMA_MAX_STAGES; the scalar
-        path has one."""
-        if self.path == "scalar":
+        WGMMA_SMEM_BUDGET (WGMMA_WS_SMEM_BUDGET with ws), up to WGMMA_MAX_STAGES; the scalar,
+        wmma and mfma paths have one."""
+        if self.path == "scalar" or self.path in AMD_MMA_WAVE:
             return 1
         if self.path == "wgmma":
             return max(1, min(WGMMA_MAX_STAGES, self._smem_limit // self._kv_tile_bytes(d)))
@@ -239,7 +264,10 @@ class KernelConfig:
         dynamic on the wgmma path). Scalar: a K and a V tile (``bkv x d`` halves each) and
         the score/probability tile (``BM x bkv`` floats). mma: ``kv_stages`` x (K and V
         tile, ``bkv x (d + 8)`` halves each; ``kv_slots`` of them with ``walk``); wgmma: the
-        same with ``bkv x d`` halves each."""
+        same with ``bkv x d`` halves each; wmma / mfma: the K tile (``bkv x (d + 8)``
+        halves) and the V tile transposed (``d x (bkv + 8)``)."""
+        if self.path in AMD_MMA_WAVE:
+            return 2 * (self.bkv * (d + 8) + d * (self.bkv + 8))
         if self.path in TENSOR_CORE_PATHS:
             return self.kv_slots(d) * self._kv_tile_bytes(d)
         return 2 * self.bkv * d * 2 + self.block_rows * self.bkv * 4
@@ -294,6 +322,8 @@ class KernelConfig:
             defines["QWALK"] = self.walk
         if self.path == "wgmma":
             defines["KV_STAGES"] = self.kv_stages(d)
+        if self.path in AMD_MMA_WAVE:
+            defines["WAVE"] = self.wave
         if self.ws:
             defines["WS"] = 1
         if self.rescale_log2(d):
@@ -349,6 +379,11 @@ WALK_HEAD_DIMS = (64,)
 WGMMA_BY_HEAD_DIM = {64: KernelConfig(16, 64, "wgmma"), 128: KernelConfig(8, 128, "wgmma", ws=True)}
 WGMMA_CANDIDATES = tuple(WGMMA_BY_HEAD_DIM.values())
 
+# The AMD matrix-core paths (kernels/gqa_flash_prefill_amdmma.hip): not timed on AMD hardware
+# (none here), so a plain spread of tile shapes for the tuner to choose from where they run.
+WMMA_CANDIDATES = tuple(KernelConfig(m, b, "wmma") for m, b in ((4, 64), (4, 32), (2, 64)))
+MFMA_CANDIDATES = tuple(KernelConfig(m, b, "mfma") for m, b in ((4, 64), (4, 32), (2, 64)))
+
 DEFAULT = KernelConfig(4, 64)
 MMA_DEFAULT = MMA_CANDIDATES[0]
 
@@ -372,6 +407,49 @@ def has_wgmma(arch: str) -> bool:
     return sm_version(arch) == WGMMA_SM
 
 
+def _gfx(arch: str) -> str | None:
+    m = re.fullmatch(r"(gfx[0-9a-f]+)(:[a-z+-]+)*", str(arch))
+    return m.group(1) if m else None
+
+
+def has_wmma(arch: str) -> bool:
+    """Whether ``arch`` is an AMD gfx11 (RDNA 3) target, which has WMMA in wave32."""
+    gfx = _gfx(arch)
+    return gfx is not None and gfx.startswith("gfx11")
+
+
+def has_mfma(arch: str) -> bool:
+    """Whether ``arch`` is an AMD CDNA target with v_mfma_f32_16x16x16f16 (gfx908, gfx90a,
+    gfx94x)."""
+    gfx = _gfx(arch)
+    return gfx is not None and (gfx in ("gfx908", "gfx90a") or gfx.startswith("gfx94"))
+
+
+def runs_path(path: str, arch: str) -> bool:
+    """Whether a kernel of ``path`` runs on ``arch``: scalar everywhere; mma on NVIDIA sm_80+;
+    wgmma on sm_90; wmma on gfx11 and mfma on CDNA, natively, and both on every NVIDIA target
+    through the emulation (``amd_mma.h``), which is for checking only."""
+    if path == "mma":
+        return has_mma(arch)
+    if path == "wgmma":
+        return has_wgmma(arch)
+    if path in AMD_MMA_WAVE:
+        native = has_wmma(arch) if path == "wmma" else has_mfma(arch)
+        return native or sm_version(arch) is not None
+    return path == "scalar"
+
+
+def amd_mma_enabled(environ=None) -> bool:
+    """Whether ``$HIPKERNEL_AMD_MMA`` asks the tuner to offer the AMD matrix-core configs
+    ("1"; unset, "" or "0": not). Anything else is a ``ValueError`` naming the variable."""
+    import os
+
+    raw = (os.environ if environ is None else environ).get(AMD_MMA_ENV, "").strip()
+    if raw not in ("", "0", "1"):
+        raise ValueError(f"{AMD_MMA_ENV}: expected 0 or 1, got {raw!r}")
+    return raw == "1"
+
+
 def default_config(arch: str) -> KernelConfig:
     """The config used without a sweep (``HIPKERNEL_TUNE=0``) on target ``arch``: the mma
     path's default on NVIDIA sm_80+, else the scalar ``DEFAULT``."""
@@ -380,14 +458,19 @@ def default_config(arch: str) -> KernelConfig:
 
 def candidates(arch: str, d: int | None = None, G: int | None = None) -> tuple[KernelConfig, ...]:
     """The autotune candidates on target ``arch`` at head dim ``d`` for ``G`` query heads a KV
-    head: the scalar configs everywhere, plus the mma configs on NVIDIA sm_80+ (AMD has no
-    MMA implementation yet), plus the 32-rows-a-warp mma configs where ``d`` is in
+    head: the scalar configs everywhere, plus on AMD the wmma (gfx11) or mfma (CDNA) configs
+    when ``$HIPKERNEL_AMD_MMA`` is 1 (``amd_mma_enabled``), plus the mma configs on NVIDIA
+    sm_80+, plus the 32-rows-a-warp mma configs where ``d`` is in
     ``WIDE_HEAD_DIMS``, plus the packed mma configs that ``G`` allows (and where ``d`` is in
     ``WALK_HEAD_DIMS``, the same walking 4 Q tiles a block), plus the wgmma config of ``d``
     on sm_90. ``d=None`` / ``G=None``: every config the target can run at some head
     dim / some G (for fuzzing, sanitizer sweeps and the build check; ``KernelConfig.fits`` and
     ``KernelConfig.supports`` say where)."""
     if not has_mma(arch):
+        if has_wmma(arch) and amd_mma_enabled():
+            return CANDIDATES + WMMA_CANDIDATES
+        if has_mfma(arch) and amd_mma_enabled():
+            return CANDIDATES + MFMA_CANDIDATES
         return CANDIDATES
     wide = MMA_WIDE_CANDIDATES if d is None or d in WIDE_HEAD_DIMS else ()
     if not has_wgmma(arch):
@@ -401,5 +484,6 @@ def candidates(arch: str, d: int | None = None, G: int | None = None) -> tuple[K
 
 def compiled_variants() -> list[tuple[int, KernelConfig]]:
     """Every (head dim, config) the tuner may launch somewhere: what the offline build check
-    compiles and requires free of spills."""
-    return [(d, cfg) for d in HEAD_DIMS for cfg in candidates(WGMMA_TARGET, d)]
+    compiles and requires free of spills (the AMD matrix-core configs for their AMD targets)."""
+    return [(d, cfg) for d in HEAD_DIMS
+            for cfg in candidates(WGMMA_TARGET, d) + WMMA_CANDIDATES + MFMA_CANDIDATES]

@@ -118,8 +118,13 @@ def test_source_hash_is_stable_and_inlines_headers():
     mma = api.kernel_source("mma")
     assert '#include "portable.h"' not in mma and "mma.sync.aligned.m16n8k16" in mma
     assert "mma.sync" not in src.split("---- end portable.h ----")[1]  # scalar body: no MMA
+    amd = api.kernel_source("wmma")
+    assert amd == api.kernel_source("mfma")  # one file, WAVE picks the instruction
+    assert all(f"---- begin {h} ----" in amd for h in ("portable.h", "flash_common.h", "amd_mma.h"))
+    assert "__builtin_amdgcn_wmma_f32_16x16x16_f16_w32" in amd
+    assert "__builtin_amdgcn_mfma_f32_16x16x16f16" in amd
     with pytest.raises(ValueError, match="^path"):
-        api.kernel_source("wmma")
+        api.kernel_source("xmma")
 
 
 def test_source_hash_covers_every_kernel_file(monkeypatch, tmp_path):
@@ -132,7 +137,8 @@ def test_source_hash_covers_every_kernel_file(monkeypatch, tmp_path):
     monkeypatch.setattr(api, "KERNEL_DIR", tmp_path)
     base = api.source_hash()
     for name in ("gqa_flash_prefill.hip", "gqa_flash_prefill_mma.hip", "portable.h",
-                 "gqa_flash_prefill_wgmma.hip", "wgmma.h", "flash_rows.h"):
+                 "gqa_flash_prefill_wgmma.hip", "wgmma.h", "flash_rows.h", "flash_common.h",
+                 "gqa_flash_prefill_amdmma.hip", "amd_mma.h"):
         f = tmp_path / name
         text = f.read_text()
         f.write_text(text + "// edit\n")
@@ -151,12 +157,32 @@ def test_mma_config_accepted_and_checked_against_the_target():
     launch = be.launches[-1]
     assert launch["kernel"]["BKV"] == 32 and launch["block"] == (128, 1, 1)
     with pytest.raises(ValueError, match="^config: path"):
-        api.flash_prefill_v3(be, 0x100, 0x200, 0x300, 0, 0x500, config={"path": "wmma"}, **geom)
+        api.flash_prefill_v3(be, 0x100, 0x200, 0x300, 0, 0x500, config={"path": "xmma"}, **geom)
     amd = RecordingBackend(arch="gfx1151")
     with pytest.raises(ValueError, match="^config: path 'mma' needs"):
         api.flash_prefill_v3(amd, 0x100, 0x200, 0x300, 0, 0x500,
                              config=KernelConfig(4, 64, "mma"), **geom)
     assert not amd.launches and not amd.calls  # refused before any device call
+
+
+def test_amd_matrix_core_configs_launch_a_wave_per_16_rows_where_they_run():
+    """wmma (wave32) runs on gfx11, mfma (wave64) on gfx90a / gfx94x, both on NVIDIA through
+    the emulation; elsewhere they are refused before any device call, naming the path."""
+    geom = dict(B=1, Sq=40, Hq=8, Hkv=2, d=64, S_cap=64, past_len=24)
+    for arch, path, block in (("gfx1151", "wmma", 128), ("sm_90", "wmma", 128),
+                              ("gfx942", "mfma", 256), ("gfx90a", "mfma", 256), ("sm_80", "mfma", 256)):
+        be = RecordingBackend(arch=arch)
+        assert api.flash_prefill_v3(be, 0x100, 0x200, 0x300, 0, 0x500,
+                                    config={"path": path, "bkv": 32}, **geom) == 0
+        launch = be.launches[-1]
+        assert launch["kernel"]["WAVE"] == (32 if path == "wmma" else 64), (arch, path)
+        assert launch["block"] == (block, 1, 1) and launch["grid"] == (1, 8, 1), (arch, path)
+    for arch, path, need in (("gfx942", "wmma", "gfx11"), ("gfx1151", "mfma", "gfx90a"),
+                             ("gfx1030", "wmma", "gfx11")):
+        be = RecordingBackend(arch=arch)
+        with pytest.raises(ValueError, match=f"^config: path '{path}' needs an AMD {need}"):
+            api.flash_prefill_v3(be, 0x100, 0x200, 0x300, 0, 0x500, config={"path": path}, **geom)
+        assert not be.launches and not be.calls
 
 
 def test_packed_config_launches_its_grid_and_needs_heads_that_share_a_kv_head():
@@ -274,7 +300,7 @@ def test_wgmma_source_is_its_own_translation_unit():
     assert all(f"---- begin {h} ----" in wg for h in ("wgmma.h", "flash_rows.h")), \
         "a header of the wgmma kernel is not inlined"
     assert "wgmma.mma_async" not in api.kernel_source("mma") + api.kernel_source("scalar")
-    assert len({api.kernel_source(p) for p in api.KERNEL_FILES}) == 3
+    assert len({api.kernel_source(p) for p in api.KERNEL_FILES}) == 4  # wmma and mfma: one file
 
 
 def test_misaligned_device_pointer_rejected():

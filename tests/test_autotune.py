@@ -138,6 +138,23 @@ def test_sweep_covers_the_targets_candidates():
     assert amd_sources == ["scalar"] * (len(CANDIDATES) + 1), amd_sources
 
 
+def test_amd_sweep_adds_the_matrix_core_configs_when_asked(monkeypatch):
+    """$HIPKERNEL_AMD_MMA=1 on gfx1151: the sweep also times the wmma configs, compiled from
+    the amdmma source with WAVE=32 (and mfma, WAVE=64, on gfx942)."""
+    from hipkernel.config import AMD_MMA_ENV, MFMA_CANDIDATES, WMMA_CANDIDATES
+
+    monkeypatch.setenv(AMD_MMA_ENV, "1")
+    for arch, cands, wave in (("gfx1151", WMMA_CANDIDATES, 32), ("gfx942", MFMA_CANDIDATES, 64)):
+        TUNER.clear()
+        be = RecordingBackend(arch=arch)
+        prefill_chunk(be, 512)
+        tuned = {(l["kernel"]["M_TILES"], l["kernel"]["BKV"], l["kernel"].get("WAVE"))
+                 for l in be.launches if l["tuning"]}
+        assert tuned == ({(c.m_tiles, c.bkv, None) for c in CANDIDATES}
+                         | {(c.m_tiles, c.bkv, wave) for c in cands}), tuned
+        assert set(TUNER.choices()[0]["times_ms"]) == {c.name for c in CANDIDATES + cands}
+
+
 def test_packed_configs_are_offered_where_G_allows_them():
     """A packed config's heads share a KV head: the tuner offers it only where G % pack == 0,
     and the sweep launches it on the packed grid (Sq / (BM / pack), Hq / pack)."""

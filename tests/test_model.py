@@ -340,6 +340,43 @@ def test_mma_config_geometry_and_candidates():
     assert default_config("sm_90").path == "mma" and default_config("gfx90a") == DEFAULT
 
 
+def test_amd_matrix_core_config_geometry_and_candidates(monkeypatch):
+    """wmma: a wave32 per 16 rows; mfma: a wave64 per 16 rows; WAVE passed to the compiler; one
+    K tile and one transposed V tile of shared memory. The tuner offers them on their AMD
+    targets only when $HIPKERNEL_AMD_MMA is 1, and never on NVIDIA (where they are emulated)."""
+    from hipkernel.config import (AMD_MMA_ENV, MFMA_CANDIDATES, WMMA_CANDIDATES, amd_mma_enabled,
+                                  compiled_variants, runs_path)
+
+    w, f = KernelConfig(4, 64, "wmma"), KernelConfig(4, 32, "mfma")
+    assert (w.block_rows, w.threads, w.name, w.kv_stages(64)) == (64, 128, "wmma_m4_b64", 1)
+    assert (f.block_rows, f.threads, f.name) == (64, 256, "mfma_m4_b32")
+    assert w.defines(128) == {"HEAD_DIM": 128, "M_TILES": 4, "BKV": 64, "WAVE": 32}
+    assert f.defines(64)["WAVE"] == 64
+    assert w.smem_bytes(64) == 2 * (64 * 72 + 64 * 72) and f.smem_bytes(128) == 2 * (32 * 136 + 128 * 40)
+    assert all(c.fits(d) for c in WMMA_CANDIDATES + MFMA_CANDIDATES for d in HEAD_DIMS)
+    for bad, match in ((dict(m_tiles=8, bkv=64, path="mfma"), "^m_tiles"),  # 512 lanes a wave64 x 8
+                       (dict(m_tiles=4, bkv=128, path="wmma"), "^bkv"),
+                       (dict(m_tiles=4, bkv=64, path="wmma", pack=4), "^pack")):
+        with pytest.raises(ValueError, match=match):
+            KernelConfig(**bad)
+    assert runs_path("wmma", "gfx1151") and runs_path("wmma", "gfx1100") and not runs_path("wmma", "gfx942")
+    assert runs_path("mfma", "gfx942") and runs_path("mfma", "gfx90a") and not runs_path("mfma", "gfx1030")
+    assert runs_path("wmma", "sm_90") and runs_path("mfma", "sm_80")  # emulated, for checking
+    monkeypatch.delenv(AMD_MMA_ENV, raising=False)
+    assert candidates("gfx1151") == CANDIDATES == candidates("gfx942", 64)
+    monkeypatch.setenv(AMD_MMA_ENV, "1")
+    assert candidates("gfx1151", 64) == CANDIDATES + WMMA_CANDIDATES
+    assert candidates("gfx942:sramecc+:xnack-", 128) == CANDIDATES + MFMA_CANDIDATES
+    assert candidates("gfx1030") == CANDIDATES  # no matrix cores this kernel uses
+    assert not {c.path for c in candidates("sm_90")} & {"wmma", "mfma"}
+    monkeypatch.setenv(AMD_MMA_ENV, "yes")
+    with pytest.raises(ValueError, match=f"^{AMD_MMA_ENV}: expected 0 or 1, got 'yes'"):
+        candidates("gfx1151")
+    assert amd_mma_enabled({AMD_MMA_ENV: "0"}) is False and amd_mma_enabled({}) is False
+    built = {cfg.name for _, cfg in compiled_variants()}
+    assert {c.name for c in WMMA_CANDIDATES + MFMA_CANDIDATES} <= built  # the build check compiles them
+
+
 def test_wide_mma_config():
     """32 rows a warp: half the threads for the same tile, WARP_M passed to the compiler,
     mma only, and m_tiles a multiple of it."""
@@ -610,11 +647,15 @@ def test_wgmma_candidates_only_on_sm90():
 
 def test_compiled_variants_hold_both_wgmma_tiles():
     """What the offline build check compiles: sm_90a's candidates per head dim, so each wgmma
-    tile at its own head dim, and nothing that overflows shared memory."""
+    tile at its own head dim, then the AMD matrix-core configs (for their AMD targets), and
+    nothing that overflows shared memory."""
+    from hipkernel.config import MFMA_CANDIDATES, WMMA_CANDIDATES
+
     variants = compiled_variants()
     assert [(d, c.name) for d, c in variants if c.path == "wgmma"] == [
         (64, "wgmma_m16_b64"), (128, "wgmma_m8_b128_ws")]
-    assert variants == [(d, c) for d in HEAD_DIMS for c in candidates("sm_90a", d)]
+    assert variants == [(d, c) for d in HEAD_DIMS
+                        for c in candidates("sm_90a", d) + WMMA_CANDIDATES + MFMA_CANDIDATES]
     assert all(c.fits(d) for d, c in variants)
     assert len(set(variants)) == len(variants)
 
@@ -695,7 +736,7 @@ def test_mutant_is_killed_under_lazy_rescaling(name):
 
 
 @pytest.mark.parametrize("args, field", [((3, 64), "m_tiles"), ((4, 48), "bkv"),
-                                         ((True, 64), "m_tiles"), ((4, 64, "wmma"), "path")])
+                                         ((True, 64), "m_tiles"), ((4, 64, "xmma"), "path")])
 def test_config_validation(args, field):
     with pytest.raises(ValueError, match=f"^{field}"):
         KernelConfig(*args)
