@@ -34,15 +34,19 @@ from pathlib import Path
 from hipkernel import api
 from hipkernel.adapter import HipKernel
 from refattn.cli import _count_of
-from hipkernel.config import (CANDIDATES, MMA_CANDIDATES, MMA_DEFAULT, MMA_PACK_CANDIDATES,
+from hipkernel.config import (AMD_MMA_BKV, AMD_MMA_M_TILES, AMD_MMA_WAVE, CANDIDATES,
+                              MFMA_CANDIDATES, MMA_CANDIDATES, MMA_DEFAULT, MMA_PACK_CANDIDATES,
                               MMA_WALK_CANDIDATES, MMA_WIDE_CANDIDATES, WGMMA_CANDIDATES,
-                              WGMMA_WS_M_TILES, KernelConfig)
+                              WGMMA_WS_M_TILES, WMMA_CANDIDATES, KernelConfig)
 
 # Every tensor-core config the checks force: mma with one warp per 16 rows, with 32 rows a
-# warp (warp_m = 2), with packed heads and with packed heads walking Q tiles, and wgmma (a
-# warpgroup per 64 rows). --configs narrows it.
+# warp (warp_m = 2), with packed heads and with packed heads walking Q tiles, wgmma (a
+# warpgroup per 64 rows), and the AMD matrix-core kernel's first wmma and mfma configs, which
+# run here through their emulation (kernels/amd_mma.h): the matrix and the kill matrix check
+# them, the sweep does not time them. --configs narrows it.
+AMD_CHECKED = (WMMA_CANDIDATES[0], MFMA_CANDIDATES[0])
 MMA_ALL = (MMA_CANDIDATES + MMA_WIDE_CANDIDATES + MMA_PACK_CANDIDATES + MMA_WALK_CANDIDATES
-           + WGMMA_CANDIDATES)
+           + WGMMA_CANDIDATES + AMD_CHECKED)
 
 
 _SECTIONS: list[str] = []
@@ -80,6 +84,9 @@ class ForcedKernel(HipKernel):
             c["m_tiles"] = c["m_tiles"] if c["m_tiles"] in (4, 8) else self.cfg.m_tiles
             c["bkv"] = c["bkv"] if c["bkv"] in (32, 64, 128) else self.cfg.bkv
             c["ws"] = self.cfg.ws and c["m_tiles"] in WGMMA_WS_M_TILES  # a producer where it fits
+        if c["path"] in AMD_MMA_WAVE:  # a wave per 16 rows: the case's tiles where allowed
+            c["m_tiles"] = c["m_tiles"] if c["m_tiles"] in AMD_MMA_M_TILES[c["path"]] else self.cfg.m_tiles
+            c["bkv"] = c["bkv"] if c["bkv"] in AMD_MMA_BKV else self.cfg.bkv
         status, out = api.attention(inputs.q, inputs.k, inputs.v, out=inputs.out, config=c,
                                     backend=self._backend or "cuda", mutants=self.mutants,
                                     **self._kw(inputs))
@@ -126,7 +133,8 @@ def section_time(out: Path) -> list:
         try:
             f = flops(1, 512, 64, 64, past, window)
             for cfg in CANDIDATES + MMA_ALL:
-                if cfg.path == "scalar" and cfg.name not in ("m4_b32", "m2_b32"):
+                if (cfg.path == "scalar" and cfg.name not in ("m4_b32", "m2_b32")
+                        or cfg.path in AMD_MMA_WAVE):  # emulated: its time means nothing
                     continue
                 ms = r.time_ms(window=window, config=cfg, warmup=10, reps=30)
                 rows.append({"past_len": past, "window": window, "config": cfg.name, "ms": ms,
@@ -149,7 +157,7 @@ _SWEEP_GEOMS = ((64, 64, 512, 8192, -1), (64, 64, 512, 8192, 128), (64, 64, 512,
 def _sweep_jobs():
     for d in (64, 128):
         for c in MMA_ALL:
-            if (c.warp_m == 2 and d != 64) or not c.fits(d):
+            if (c.warp_m == 2 and d != 64) or not c.fits(d) or c.path in AMD_MMA_WAVE:
                 continue
             for mb in _SWEEP_MB:
                 if mb is None or 65536 // (c.threads * max(mb, 1)) >= (96 if d == 64 else 168):
@@ -214,7 +222,7 @@ def section_mutants(out: Path) -> dict:
     MMA_DEFAULT, the first 32-rows-a-warp config, the widest packed config walking Q tiles
     (each case at the most of its packing that its G allows; its Q tiles are the unwalked
     packed tile's, and under the windows whose KV span fits it keeps their K/V tiles in its
-    ring) and each head dim's wgmma config.
+    ring), each head dim's wgmma config, and the emulated AMD configs (``AMD_CHECKED``).
 
     With ``--jobs N`` the configs run in N processes at once on the one GPU (nothing here is
     timed, so they may share it; on the H200 five took 141 s, one at a time over 540); their results
@@ -222,6 +230,7 @@ def section_mutants(out: Path) -> dict:
     configs."""
     cfgs = [c for c in (MMA_DEFAULT, MMA_WIDE_CANDIDATES[0], MMA_WALK_CANDIDATES[-1],
                         *WGMMA_CANDIDATES) if c in MMA_ALL]  # --configs narrows
+    cfgs += [c for c in MMA_ALL if c.path in AMD_MMA_WAVE]
     doc: dict = {}
 
     def done(cfg, result):
@@ -277,6 +286,8 @@ def prewarm(sections) -> None:
     case_tiles += [KernelConfig(4, b, "wgmma") for b in (32, 64)]  # (m1 cases run at m4)
     case_tiles = [c for c in case_tiles if c.path == "mma" and any(x.path == "mma" for x in MMA_ALL)
                   or c.path == "wgmma" and any(x.path == "wgmma" for x in MMA_ALL)]
+    case_tiles += [KernelConfig(m, b, p) for p in AMD_MMA_WAVE if any(x.path == p for x in MMA_ALL)
+                   for m, b in ((1, 32), (4, 32), (4, 64))]
     # ... and, for a packed config, those tiles at each packing a case's G may leave it
     packs = {x.for_group(g).pack for x in MMA_ALL for g in (1, 2, 4, 8)} - {1}
     case_tiles += [KernelConfig(c.m_tiles, c.bkv, "mma", pack=p) for c in case_tiles

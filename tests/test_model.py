@@ -354,7 +354,7 @@ def test_amd_matrix_core_config_geometry_and_candidates(monkeypatch):
     assert f.defines(64)["WAVE"] == 64
     assert w.smem_bytes(64) == 2 * (64 * 72 + 64 * 72) and f.smem_bytes(128) == 2 * (32 * 136 + 128 * 40)
     assert all(c.fits(d) for c in WMMA_CANDIDATES + MFMA_CANDIDATES for d in HEAD_DIMS)
-    for bad, match in ((dict(m_tiles=8, bkv=64, path="mfma"), "^m_tiles"),  # 512 lanes a wave64 x 8
+    for bad, match in ((dict(m_tiles=8, bkv=64, path="mfma"), "^m_tiles"),  # 4 waves at most
                        (dict(m_tiles=4, bkv=128, path="wmma"), "^bkv"),
                        (dict(m_tiles=4, bkv=64, path="wmma", pack=4), "^pack")):
         with pytest.raises(ValueError, match=match):

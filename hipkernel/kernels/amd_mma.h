@@ -15,11 +15,13 @@
 // fp16 pairs in 32-bit words (MMA_KW = MMA_KL / 2), element 2 w in the low half of word w.
 //
 // On NVIDIA (no such instruction) the same calls are emulated lane for lane, so that the
-// kernel's index arithmetic and these layouts run the case matrix on a CUDA GPU: WAVE 32 is
-// a warp (the product through warp shuffles); WAVE 64 is two warps, which exchange through
-// shared memory behind a named barrier of the wave's 64 threads. The emulation is for
-// checking only (slow, and its fp32 sums run in k order, where the matrix cores' order is
-// their own); hipkernel.config never offers it to the tuner.
+// kernel's index arithmetic and these layouts run the case matrix on a CUDA GPU: each lane's
+// operand slices go where the AMD layout puts them in a shared 16x16 A and B, mma.sync
+// computes A B, and each lane takes back the D elements the AMD layout gives it. WAVE 32 is
+// a warp; WAVE 64 is two warps, which meet at a named barrier of the wave's 64 threads (and
+// exchange lanes l ^ 32 through shared memory). The emulation is for checking only (slower,
+// and D = C + A B rounds once more than a matrix core); hipkernel.config never offers it to
+// the tuner.
 
 #if !defined(WAVE) || (WAVE != 32 && WAVE != 64)
 #error "compile with -DWAVE=32 (WMMA, gfx11) or -DWAVE=64 (MFMA, gfx90a / gfx94x)"
@@ -71,13 +73,15 @@ HK_INLINE float hk_wave_xor(float x, int mask, int l) {
 
 #else  // NVIDIA: the emulation
 
-#if WAVE == 64
-#ifndef EMU_WAVES
-#error "the WAVE 64 emulation needs -DEMU_WAVES=<waves a block> (its shared scratch)"
+// The wave's threads meet: a warp (WAVE 32), or the 64 threads of wave w, warps 2 w and
+// 2 w + 1, at named barrier 1 + w (WAVE 64).
+HK_INLINE void hk_wave_sync() {
+#if WAVE == 32
+    __syncwarp();
+#else
+    hk_named_sync(1 + (hk_thread_x() >> 6), 64);
 #endif
-// The 64 threads of wave w (warps 2 w, 2 w + 1) meet at named barrier 1 + w.
-HK_INLINE void hk_wave_sync() { hk_named_sync(1 + (hk_thread_x() >> 6), 64); }
-#endif
+}
 
 HK_INLINE float hk_wave_xor(float x, int mask, int l) {
 #if WAVE == 64
@@ -95,51 +99,54 @@ HK_INLINE float hk_wave_xor(float x, int mask, int l) {
     return __shfl_xor_sync(0xffffffffu, x, mask);
 }
 
-// Element v (a half) of an operand slice held as words.
-HK_INLINE float hk_mma_elem(unsigned int w, int v) { return (v & 1) ? hk_hi(w) : hk_lo(w); }
+// The product, lane-exact: every lane puts its A and B slices where the AMD layout says they
+// belong in a 16x16 A and B of the wave's shared scratch, the wave's warps compute A B with
+// mma.sync m16n8k16 (portable.h; WAVE 32: the warp both 8-column halves, WAVE 64: warp h of
+// the wave half h), put it in the scratch as a 16x16 D, and every lane adds the D elements
+// that the AMD layout gives it to its accumulators (so D = C + (A B) rounded once more than
+// the matrix cores would).
+#define EMU_LD 24   // halves a scratch row of A and of B (16-byte aligned rows for ldmatrix)
+#define EMU_LDD 17  // floats a scratch row of D
+#ifndef EMU_WAVES
+#error "the emulation needs -DEMU_WAVES=<waves a block> (its shared scratch)"
+#endif
+struct hk_emu_scratch {
+    half_t a[16 * EMU_LD];  // A, row-major (rows m, k contiguous)
+    half_t b[16 * EMU_LD];  // B transposed (rows n, k contiguous): ldmatrix gives mma's B
+    float d[16 * EMU_LDD];  // A B, row-major
+};
 
 HK_INLINE void hk_amd_mma(float (&d)[MMA_ACC], const unsigned int (&a)[MMA_KW],
                           const unsigned int (&b)[MMA_KW]) {
+    __shared__ __attribute__((aligned(16))) hk_emu_scratch emu[EMU_WAVES];
     const int l = hk_thread_x() & (WAVE - 1);
-#if WAVE == 32
-    // Lane l computes column l % 16 (its own b) of rows 2 v + l / 16, each row of A from the
-    // lane that holds it (lane m; lanes m and m + 16 hold the same).
-#pragma unroll
-    for (int v = 0; v < MMA_ACC; ++v) {
-        const int m = mma_acc_row(v, l);
-        float acc = d[v];
+    hk_emu_scratch& x = emu[hk_thread_x() / WAVE];
+    const int r = l & 15, k0 = mma_k0(l);
+    if (WAVE == 64 || l < 16) {  // WMMA: lanes 16..31 hold copies of lanes 0..15's slices
 #pragma unroll
         for (int w = 0; w < MMA_KW; ++w) {
-            const unsigned int aw = __shfl_sync(0xffffffffu, a[w], m);
-            acc = hk_fma(hk_lo(aw), hk_lo(b[w]), acc);
-            acc = hk_fma(hk_hi(aw), hk_hi(b[w]), acc);
+            *(unsigned int*)(x.a + r * EMU_LD + k0 + 2 * w) = a[w];  // A row r, k0 + 2w, + 1
+            *(unsigned int*)(x.b + r * EMU_LD + k0 + 2 * w) = b[w];  // B column r
         }
-        d[v] = acc;
     }
-#else
-    // Every lane's slices into the wave's scratch; lane l then takes row m = 4 (l / 16) + v of
-    // A (k = 4 q + i from lane m + 16 q) and column n = l % 16 of B (from lanes n + 16 q).
-    __shared__ unsigned int ab[EMU_WAVES][2][64][MMA_KW];
-    const int wv = hk_thread_x() >> 6, n = l & 15;
+    hk_wave_sync();
+    const int lw = l & 31, g = lw >> 2, t = lw & 3;
+    unsigned int af[4], bf[4];
+    hk_ldmatrix_x4(af, hk_smem_u32(x.a + (lw & 15) * EMU_LD + 8 * (lw >> 4)));
+    hk_ldmatrix_x4(bf, hk_smem_u32(x.b + ((lw & 7) + 8 * (lw >> 4)) * EMU_LD + 8 * ((lw >> 3) & 1)));
 #pragma unroll
-    for (int w = 0; w < MMA_KW; ++w) {
-        ab[wv][0][l][w] = a[w];
-        ab[wv][1][l][w] = b[w];
+    for (int nb = 0; nb < 2; ++nb) {
+        if (WAVE == 64 && nb != (l >> 5)) continue;  // the other warp's half
+        float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        hk_mma_16816(c, af, bf[2 * nb], bf[2 * nb + 1]);
+        x.d[g * EMU_LDD + 8 * nb + 2 * t] = c[0];
+        x.d[g * EMU_LDD + 8 * nb + 2 * t + 1] = c[1];
+        x.d[(g + 8) * EMU_LDD + 8 * nb + 2 * t] = c[2];
+        x.d[(g + 8) * EMU_LDD + 8 * nb + 2 * t + 1] = c[3];
     }
     hk_wave_sync();
 #pragma unroll
-    for (int v = 0; v < MMA_ACC; ++v) {
-        const int m = mma_acc_row(v, l);
-        float acc = d[v];
-#pragma unroll
-        for (int k = 0; k < 16; ++k) {
-            const unsigned int aw = ab[wv][0][m + 16 * (k >> 2)][(k & 3) >> 1];
-            const unsigned int bw = ab[wv][1][n + 16 * (k >> 2)][(k & 3) >> 1];
-            acc = hk_fma(hk_mma_elem(aw, k), hk_mma_elem(bw, k), acc);
-        }
-        d[v] = acc;
-    }
+    for (int v = 0; v < MMA_ACC; ++v) d[v] += x.d[mma_acc_row(v, l) * EMU_LDD + r];
     hk_wave_sync();  // before the next product overwrites the scratch
-#endif
 }
 #endif  // HK_AMD

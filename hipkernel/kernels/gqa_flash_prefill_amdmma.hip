@@ -49,7 +49,7 @@
 #if HK_AMD && defined(__AMDGCN_WAVEFRONT_SIZE) && __AMDGCN_WAVEFRONT_SIZE != WAVE
 #error "WAVE does not match the target's wavefront size (WMMA: wave32 gfx11; MFMA: wave64)"
 #endif
-#define EMU_WAVES M_TILES  // the emulation's per-wave scratch (NVIDIA, WAVE 64)
+#define EMU_WAVES M_TILES  // waves a block: the NVIDIA emulation's scratch, one a wave
 #include "amd_mma.h"
 
 #define BM (16 * M_TILES)          // query rows per block
