@@ -18,8 +18,8 @@
 // kernel's index arithmetic and these layouts run the case matrix on a CUDA GPU: each lane's
 // operand slices go where the AMD layout puts them in a shared 16x16 A and B, mma.sync
 // computes A B, and each lane takes back the D elements the AMD layout gives it. WAVE 32 is
-// a warp; WAVE 64 is two warps, which meet at a named barrier of the wave's 64 threads (and
-// exchange lanes l ^ 32 through shared memory). The emulation is for checking only (slower,
+// a warp; WAVE 64 is two warps, which meet at the block barrier (and exchange lanes l ^ 32
+// through shared memory). The emulation is for checking only (slower,
 // and D = C + A B rounds once more than a matrix core); hipkernel.config never offers it to
 // the tuner.
 
@@ -73,13 +73,15 @@ HK_INLINE float hk_wave_xor(float x, int mask, int l) {
 
 #else  // NVIDIA: the emulation
 
-// The wave's threads meet: a warp (WAVE 32), or the 64 threads of wave w, warps 2 w and
-// 2 w + 1, at named barrier 1 + w (WAVE 64).
+// The wave's threads meet: a warp (WAVE 32), or for WAVE 64 the whole block (the kernel
+// then keeps every wave on the same path, EMU_BLOCK_SYNC). A named barrier of the wave's
+// two warps ran correctly, but racecheck reported RAW hazards between the block barrier's
+// K/V tile stores and the waves' reads with it (session 22, reports/wip/session22/amd).
 HK_INLINE void hk_wave_sync() {
 #if WAVE == 32
     __syncwarp();
 #else
-    hk_named_sync(1 + (hk_thread_x() >> 6), 64);
+    hk_sync();
 #endif
 }
 

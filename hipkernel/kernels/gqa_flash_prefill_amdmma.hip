@@ -31,7 +31,7 @@
 //                completes it. O^T's accumulator gives lane l dims mma_acc_row(v, l) of its row.
 // A wave skips a KV tile in which none of its rows sees a key, as the mma path's warps do
 // (bit-identical: there the model's state does not change), except under the two mutants
-// that make such a tile matter. Mutants (refattn/mutants.py) are -DHIPKERNEL_MUTANT_<NAME>=1:
+// that make such a tile matter (and in the NVIDIA emulation of WAVE 64, EMU_BLOCK_SYNC). Mutants (refattn/mutants.py) are -DHIPKERNEL_MUTANT_<NAME>=1:
 // flash_common.h's, and the per-row ones below at the same places as in the other paths.
 //
 // Validated on NVIDIA through amd_mma.h's lane-exact emulation of both instructions (the
@@ -61,7 +61,14 @@
 #define NKB (BKV / 16)             // 16-key blocks of S^T (MMA m), chunks of O^T (MMA k)
 #define ND (HEAD_DIM / 16)         // 16-dim blocks of O^T (MMA m)
 
-#if !defined(HIPKERNEL_MUTANT_NO_NAN_GUARD) && !defined(HIPKERNEL_MUTANT_TAIL_UNMASKED)
+// The NVIDIA emulation of WAVE 64 syncs a wave's two warps with the block barrier (amd_mma.h),
+// so there every wave walks every tile of its block, as the model does (no skipping).
+#if HK_CUDA && WAVE == 64
+#define EMU_BLOCK_SYNC 1
+#else
+#define EMU_BLOCK_SYNC 0
+#endif
+#if !defined(HIPKERNEL_MUTANT_NO_NAN_GUARD) && !defined(HIPKERNEL_MUTANT_TAIL_UNMASKED) && !EMU_BLOCK_SYNC
 #define WAVE_SKIP 1
 #else
 #define WAVE_SKIP 0
@@ -126,6 +133,7 @@ extern "C" __global__ HK_LAUNCH_BOUNDS(NTHREADS) void gqa_flash_prefill(
     // This wave's 16 rows and this lane's row.
     const int iw = i0 + 16 * wave;
     const bool wave_live = iw < Sq;  // a wave wholly past Sq computes nothing
+    (void)wave_live;                 // (but for EMU_BLOCK_SYNC)
     const int pw_first = past + iw, pw_last = pw_first + 15;
     const int i_row = iw + r16;
     const bool ok = i_row < Sq;  // a row past Sq computes but stores nothing
@@ -179,7 +187,7 @@ extern "C" __global__ HK_LAUNCH_BOUNDS(NTHREADS) void gqa_flash_prefill(
 #if WAVE_SKIP
         if (!wave_live || j0 > pw_last || (window > 0 && j0 + BKV - 1 < window_lo(pw_first, window)))
             continue;
-#else
+#elif !EMU_BLOCK_SYNC
         if (!wave_live) continue;
 #endif
 

@@ -8,6 +8,7 @@ set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1 HIPKERNEL_CACHE_DIR=${HIPKERNEL_CACHE_DIR:-/tmp/hk}
 O=$OUT/amd; mkdir -p "$O"
 CFGS=${CFGS:-wmma_m4_b64,mfma_m4_b64,wmma_m1_b16,mfma_m2_b32}
+SAN_CFGS=${SAN_CFGS:-$CFGS}  # the configs the sanitizers run
 t0=$(date +%s)
 timeout "${MATRIX_LIMIT:-300}" python3 scripts/mma_check.py --configs "$CFGS" --sections matrix \
     --out "$O" > "$O/matrix.log" 2>&1
@@ -32,7 +33,7 @@ PY
 for tool in racecheck memcheck; do
     extra=""; [ $tool = racecheck ] && extra="--racecheck-report hazard"
     timeout "${SAN_LIMIT:-120}" compute-sanitizer --tool $tool $extra --error-exitcode 3 \
-        python3 /tmp/amd_san.py "$CFGS" > "$O/$tool.log" 2>&1
+        python3 /tmp/amd_san.py "$SAN_CFGS" > "$O/$tool.log" 2>        python3 /tmp/amd_san.py "$CFGS" > "$O/$tool.log" 2>&11
     echo "$tool rc=$? after $(( $(date +%s) - t0 )) s" >> "$O/$tool.log"
 done
 tail -n 4 "$O"/*.log
