@@ -33,7 +33,7 @@ PY
 for tool in racecheck memcheck; do
     extra=""; [ $tool = racecheck ] && extra="--racecheck-report hazard"
     timeout "${SAN_LIMIT:-120}" compute-sanitizer --tool $tool $extra --error-exitcode 3 \
-        python3 /tmp/amd_san.py "$SAN_CFGS" > "$O/$tool.log" 2>        python3 /tmp/amd_san.py "$CFGS" > "$O/$tool.log" 2>&11
+        python3 /tmp/amd_san.py "$SAN_CFGS" > "$O/$tool.log" 2>&1
     echo "$tool rc=$? after $(( $(date +%s) - t0 )) s" >> "$O/$tool.log"
 done
 tail -n 4 "$O"/*.log
