@@ -26,7 +26,7 @@ LIMIT=${LIMIT:-450}
 # MMA_JOBS: processes for mma_check's kill matrices, one forced config each, all on its GPU
 # (they time nothing; one at a time the five took 475 s, then more than 540 s of an H200
 # call; five at once 141 s). The sweep after them runs alone.
-MMA_JOBS=${MMA_JOBS:-5}
+MMA_JOBS=${MMA_JOBS:-7}
 # ONE_GPU=1: a machine with one H200 (nvidia-h200) runs the two parts one after the other on
 # GPU 0 (about twice the time; each part keeps its own LIMIT).
 ONE_GPU=${ONE_GPU:-0}
