@@ -443,12 +443,15 @@ def runs_path(path: str, arch: str) -> bool:
 
 def amd_mma_enabled(environ=None) -> bool:
     """Whether ``$HIPKERNEL_AMD_MMA`` asks the tuner to offer the AMD matrix-core configs
-    ("1"; unset, "" or "0": not). Anything else is a ``ValueError`` naming the variable."""
+    ("1"; unset, "" or "0": not). Anything else is an ``EnvVarError`` (a ``ValueError``)
+    naming the variable."""
     import os
+
+    from refattn.args import EnvVarError
 
     raw = (os.environ if environ is None else environ).get(AMD_MMA_ENV, "").strip()
     if raw not in ("", "0", "1"):
-        raise ValueError(f"{AMD_MMA_ENV}: expected 0 or 1, got {raw!r}")
+        raise EnvVarError(f"{AMD_MMA_ENV}: expected 0 or 1, got {raw!r}")
     return raw == "1"
 
 

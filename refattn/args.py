@@ -26,8 +26,9 @@ MAX_ELEMENTS = 2**34
 
 
 class EnvVarError(ValueError):
-    """A ``$REFATTN_*`` environment variable the harness cannot use; the message starts with
-    its name. The ``refattn`` command line reports it in one line (exit 2)."""
+    """A ``$REFATTN_*`` (or ``$HIPKERNEL_AMD_MMA``) environment variable the harness cannot
+    use; the message starts with its name. The ``refattn`` command line reports it in one
+    line (exit 2)."""
 
 
 @dataclass(frozen=True)

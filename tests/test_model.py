@@ -370,7 +370,9 @@ def test_amd_matrix_core_config_geometry_and_candidates(monkeypatch):
     assert candidates("gfx1030") == CANDIDATES  # no matrix cores this kernel uses
     assert not {c.path for c in candidates("sm_90")} & {"wmma", "mfma"}
     monkeypatch.setenv(AMD_MMA_ENV, "yes")
-    with pytest.raises(ValueError, match=f"^{AMD_MMA_ENV}: expected 0 or 1, got 'yes'"):
+    from refattn.args import EnvVarError
+
+    with pytest.raises(EnvVarError, match=f"^{AMD_MMA_ENV}: expected 0 or 1, got 'yes'"):
         candidates("gfx1151")
     assert amd_mma_enabled({AMD_MMA_ENV: "0"}) is False and amd_mma_enabled({}) is False
     built = {cfg.name for _, cfg in compiled_variants()}
@@ -678,6 +680,22 @@ def test_wgmma_model_is_the_mma_model(d, bkv, m_wg, monkeypatch):
     assert not np.array_equal(wg, scalar)  # the fp16 P rounding is there
     assert rel_l2(wg, scalar) < 2e-3
     assert_close(wg, run_reference(s))
+
+
+@pytest.mark.parametrize("path, m_tiles, bkv", [("wmma", 4, 64), ("mfma", 2, 32), ("wmma", 1, 16)])
+def test_amd_matrix_core_model_is_the_mma_model(path, m_tiles, bkv):
+    """The model of the AMD matrix-core paths is the mma path's at the same key tiles (P
+    rounded to fp16 before P.V, acc * (1 / l), the row max rounded up): bitwise equal output,
+    with a sink, a window and a ragged tail, at both head dims; and it kills a mutant there."""
+    for d in HEAD_DIMS:
+        s = Shape(path, B=1, Sq=200, Hq=8, Hkv=2, d=d, past=83, window=70, sink="per_head", seed=5)
+        amd = run_model(replace(s, config=KernelConfig(m_tiles, bkv, path)))
+        mma = run_model(replace(s, config=KernelConfig(m_tiles, bkv, "mma")))
+        assert np.isfinite(amd).all() and np.array_equal(amd.view(np.uint16), mma.view(np.uint16))
+        expected = run_reference(s)
+        assert_close(amd, expected)
+        assert killed(run_model(replace(s, config=KernelConfig(m_tiles, bkv, path)),
+                                mutants={"window_mask_off_by_one"}), expected)
 
 
 def test_lazy_rescaling_is_the_wgmma_d64_rule():
