@@ -10,9 +10,9 @@
 #   ONE_GPU=1 OUT=dir bash scripts/h200x2_records.sh   (one H200: the parts in turn on GPU 0)
 #   PARTS=session (or mma_check) ONE_GPU=1 OUT=dir ...  (one part only: where the two in turn
 #          outlast one call, run them in two calls into two dirs and merge them into one)
-# On one H200 the parts took 196 s and 201 s in two calls (session 21, each with its own
-# prewarm), so both should fit one call (not tried yet): ONE_GPU=1 OUT=$OUT/rec ..., then
-# h200x2_reliability.sh.
+# On one H200 both parts fit one call: ONE_GPU=1 OUT=$OUT/rec ... took 308 s in session 22
+# (prewarm 28 s, session 126 s, mma_check's seven kill matrices 116 s and sweep 37 s), then
+# h200x2_reliability.sh in a second call.
 # The device tool brings back at most 8 files of its $OUT: both parts write 8 (gpus.csv,
 # mma.log, session.log, 4 JSON and mma_check.json), so a call that also runs something else
 # writes it elsewhere.
@@ -25,7 +25,8 @@ mkdir -p "$OUT" || exit 2
 LIMIT=${LIMIT:-450}
 # MMA_JOBS: processes for mma_check's kill matrices, one forced config each, all on its GPU
 # (they time nothing; one at a time the five took 475 s, then more than 540 s of an H200
-# call; five at once 141 s). The sweep after them runs alone.
+# call; five at once 141 s; the seven of session 22, two of them the emulated AMD kernel,
+# 116 s at once). The sweep after them runs alone.
 MMA_JOBS=${MMA_JOBS:-7}
 # ONE_GPU=1: a machine with one H200 (nvidia-h200) runs the two parts one after the other on
 # GPU 0 (about twice the time; each part keeps its own LIMIT).
