@@ -82,7 +82,7 @@ class Variant:
 def parse_variant(spec: str) -> Variant:
     """``[LABEL=]REV@CONFIG[+MACRO=VALUE...]`` -> :class:`Variant`; ValueError naming
     ``variant`` and what is wrong."""
-    from hipkernel.reliability import config_from_name
+    from hipkernel.config import config_from_name
 
     m = _VARIANT.match(str(spec).strip())
     if m is None:

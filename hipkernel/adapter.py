@@ -5,6 +5,12 @@
 * ``hipkernel``: the HIP kernel on the first GPU backend that works; ``hipkernel:cuda`` and
   ``hipkernel:hip`` force one.
 
+Either may be forced to one tile config for every case with ``@CONFIG`` (a
+``KernelConfig.name``: ``hipkernel:hip@wmma_m4_b64``, ``model@mma_m4_b32_p8_q4``): no
+autotuning, the case's own tiles ignored, ``pack`` cut to what a case's G allows. That is
+how a path the tuner would not pick (on AMD, the matrix-core kernel) goes through the case
+matrix and the kill matrix (``refattn run`` / ``refattn mutants --kernel ...@CONFIG``).
+
 Both declare the same contract (``api.decline_reason``): head dims in ``HEAD_DIMS``, fp16,
 no softcap. On anything else they return -1 without touching the output buffer.
 """
@@ -12,7 +18,7 @@ no softcap. On anything else they return -1 without touching the output buffer.
 from __future__ import annotations
 
 from hipkernel import api, model
-from hipkernel.config import DEFAULT, KernelConfig
+from hipkernel.config import DEFAULT, KernelConfig, config_from_name, runs_path
 
 
 def _config(inputs) -> KernelConfig | None:
@@ -26,12 +32,22 @@ def _config(inputs) -> KernelConfig | None:
 class _FusedKernel:
     base_name = "?"
 
-    def __init__(self, variant: str | None = None, mutants=frozenset()):
+    def __init__(self, variant: str | None = None, mutants=frozenset(), config=None):
         self.variant = variant
         self.mutants = frozenset(mutants)
+        # config: forced on every case (a KernelConfig or its name), or None: the case's own
+        self.config = config if config is None or isinstance(config, KernelConfig) else config_from_name(config)
         self.name = self.base_name + (f":{variant}" if variant else "")
+        if self.config is not None:
+            self.name += f"@{self.config.name}"
         if self.mutants:
             self.name += "+" + "+".join(sorted(self.mutants))
+
+    def _config_for(self, inputs) -> KernelConfig | None:
+        """The forced config, its pack cut to the case's G; else the case's own (or None)."""
+        if self.config is None:
+            return _config(inputs)
+        return self.config.for_group(inputs.q.shape[2] // inputs.k.shape[1])
 
     def supports(self, case) -> bool:
         return api.decline_reason(d=case.d, softcap=case.softcap or 0.0, dtype=case.dtype) is None
@@ -55,7 +71,7 @@ class ModelKernel(_FusedKernel):
         dtype = "fp16" if all(x.dtype == "float16" for x in (q, k, v)) else str(q.dtype)
         if api.decline_reason(d=q.shape[3], softcap=inputs.softcap or 0.0, dtype=dtype):
             return -1, inputs.out
-        out = model.attention(q, k, v, config=_config(inputs) or DEFAULT, mutants=self.mutants,
+        out = model.attention(q, k, v, config=self._config_for(inputs) or DEFAULT, mutants=self.mutants,
                               **self._kw(inputs))
         inputs.out[...] = out
         return 0, inputs.out
@@ -67,10 +83,10 @@ class HipKernel(_FusedKernel):
     base_name = "hipkernel"
     requires_gpu = True
 
-    def __init__(self, variant: str | None = None, mutants=frozenset()):
+    def __init__(self, variant: str | None = None, mutants=frozenset(), config=None):
         if variant not in (None, "cuda", "hip"):
             raise ValueError(f"kernel: unknown hipkernel variant {variant!r} (have cuda, hip)")
-        super().__init__(variant, mutants)
+        super().__init__(variant, mutants, config)
         self._backend = None
 
     def available(self):
@@ -80,12 +96,16 @@ class HipKernel(_FusedKernel):
             self._backend = self._backend or get_backend(self.variant)
         except Exception as e:  # noqa: BLE001 - the reason is what we report
             return False, str(e)
-        return True, f"{self._backend.name} on {self._backend.device_name} ({self._backend.arch})"
+        be = self._backend
+        if self.config is not None and not runs_path(self.config.path, be.arch):
+            return False, (f"config {self.config.name}: path {self.config.path!r} does not run on "
+                           f"{be.name} {be.device_name} ({be.arch})")
+        return True, f"{be.name} on {be.device_name} ({be.arch})"
 
     def run(self, inputs):
         # The backend is resolved inside api.attention after the host-side decline decision,
         # so a declined case needs no GPU at all.
         status, out = api.attention(inputs.q, inputs.k, inputs.v, out=inputs.out,
-                                    config=_config(inputs), backend=self._backend or self.variant,
+                                    config=self._config_for(inputs), backend=self._backend or self.variant,
                                     mutants=self.mutants, **self._kw(inputs))
         return status, inputs.out if out is None else out

@@ -333,6 +333,27 @@ class KernelConfig:
         return defines
 
 
+_CONFIG_NAME = re.compile(r"(?:([a-z]+)_)?m(\d+)_b(\d+)(?:_w(\d+))?(?:_p(\d+))?(?:_q(\d+))?(_ws)?")
+
+
+def config_from_name(name: str) -> KernelConfig:
+    """The inverse of ``KernelConfig.name``: ``"m4_b64"`` (scalar), ``"mma_m4_b64"``,
+    ``"mma_m8_b64_w2"``, ``"mma_m4_b32_p8"``, ``"mma_m4_b32_p4_q4"``, ``"wgmma_m8_b64_ws"``,
+    ``"wmma_m4_b64"``. A name of no config (``"mma_m3_b64"``) is a ``ValueError`` that says
+    which field ``KernelConfig`` refused."""
+    m = _CONFIG_NAME.fullmatch(str(name))
+    if m is None:
+        raise ValueError(f"config: expected a config name like m4_b64, mma_m4_b64, "
+                         f"mma_m8_b64_w2, mma_m4_b32_p8, mma_m4_b32_p4_q4, wgmma_m8_b64_ws or "
+                         f"wmma_m4_b64, got {name!r}")
+    try:
+        return KernelConfig(int(m.group(2)), int(m.group(3)), m.group(1) or "scalar",
+                            int(m.group(4) or 1), m.group(7) is not None, int(m.group(5) or 1),
+                            int(m.group(6) or 1))
+    except ValueError as e:
+        raise ValueError(f"config: {name!r}: {e}") from None
+
+
 # The autotune candidates: configs that compile without register spills for every head dim
 # in HEAD_DIMS (checked with `ptxas -v` at sm_90/sm_80 and `-Rpass-analysis=kernel-resource-usage`
 # at gfx1151/gfx942/gfx90a; see hipkernel/build.py). CANDIDATES is the scalar set, which runs

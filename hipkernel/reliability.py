@@ -48,7 +48,8 @@ from hipkernel import api
 from hipkernel.autotune import tune_key
 from hipkernel.config import (CANDIDATES, DEFAULT, HEAD_DIMS, MMA_DEFAULT, MMA_PACK_CANDIDATES,
                               MMA_WALK_CANDIDATES, MMA_WIDE_CANDIDATES, WGMMA_BY_HEAD_DIM,
-                              WIDE_HEAD_DIMS, KernelConfig, candidates, has_mma, has_wgmma)
+                              WIDE_HEAD_DIMS, KernelConfig, candidates, config_from_name, has_mma,
+                              has_wgmma)
 from refattn.args import check_attention_args
 from refattn.cases import OUT_CANARY_BITS, Case, canary_out, load_suites, make_inputs
 from refattn.metrics import compare
@@ -82,22 +83,6 @@ def _case_config(case: Case) -> KernelConfig | None:
         return None
     return KernelConfig(case.config.get("m_tiles", DEFAULT.m_tiles),
                         case.config.get("bkv", DEFAULT.bkv), case.config.get("path", DEFAULT.path))
-
-
-_CONFIG_NAME = re.compile(r"(?:([a-z]+)_)?m(\d+)_b(\d+)(?:_w(\d+))?(?:_p(\d+))?(?:_q(\d+))?(_ws)?")
-
-
-def config_from_name(name: str) -> KernelConfig:
-    """The inverse of ``KernelConfig.name``: ``"m4_b64"`` (scalar), ``"mma_m4_b64"``,
-    ``"mma_m8_b64_w2"``, ``"mma_m4_b32_p8"``, ``"mma_m4_b32_p4_q4"`` or ``"wgmma_m8_b64_ws"``."""
-    m = _CONFIG_NAME.fullmatch(str(name))
-    if m is None:
-        raise ValueError(f"config: expected a config name like m4_b64, mma_m4_b64, "
-                         f"mma_m8_b64_w2, mma_m4_b32_p8, mma_m4_b32_p4_q4 or wgmma_m8_b64_ws, "
-                         f"got {name!r}")
-    return KernelConfig(int(m.group(2)), int(m.group(3)), m.group(1) or "scalar",
-                        int(m.group(4) or 1), m.group(7) is not None, int(m.group(5) or 1),
-                        int(m.group(6) or 1))
 
 
 def _supported(case: Case) -> bool:

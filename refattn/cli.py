@@ -155,7 +155,9 @@ def _kernels_run(args) -> int:
 def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernel", metavar="NAME",
                    help="kernel to run: a registered name (reference, model, hipkernel), optionally "
-                        "with a variant (hipkernel:cuda), or an import path package.module:Class. "
+                        "with a variant (hipkernel:cuda), or an import path package.module:Class; "
+                        "model and hipkernel take @CONFIG, one tile config for every case "
+                        "(hipkernel:hip@wmma_m4_b64). "
                         "Default: hipkernel when a GPU backend works, else model.")
     _add_suite_option(p, "Default: seed.")
     p.add_argument("-k", dest="match", action="append", metavar="SUBSTRING",
@@ -327,6 +329,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
                "  refattn run --kernel model --suite seed --suite extended\n"
                "  refattn run --kernel reference -k past8192 --json -\n"
                "  refattn run --kernel hipkernel:cuda --report reports/gpu\n"
+               "  refattn run --kernel hipkernel:hip@wmma_m4_b64 --suite seed extended  # one config forced\n"
                "  refattn run --kernel hipkernel --suite seed extended --gpus 2  # one worker per GPU\n"
                "  refattn run --kernel mypkg.adapters:MyKernel   # any adapter class by import path\n"
                "\nexit status: 0 all pass/declined, 1 a failure, 2 usage / case-file / kernel error"),

@@ -154,11 +154,22 @@ def available_kernels(load: bool = True) -> dict[str, KernelEntry]:
     return entries
 
 
+def split_config(spec: str) -> tuple[str, str | None]:
+    """``"hipkernel:hip@wmma_m4_b64"`` -> ``("hipkernel:hip", "wmma_m4_b64")``: a kernel name
+    and the tile config it is forced to (``@CONFIG``), or None. An ``@`` with nothing after
+    it is a :class:`KernelError`."""
+    base, at, config = spec.partition("@")
+    if at and not config.strip():
+        raise KernelError(f"kernel: expected a config name after '@' in {spec!r}")
+    return base, (config.strip() if at else None)
+
+
 def parse_kernel_name(spec: str) -> tuple[KernelEntry, str | None]:
-    """Resolve ``name``, ``name:variant``, ``module:Class`` or ``module:Class:variant``."""
+    """Resolve ``name``, ``name:variant``, ``module:Class`` or ``module:Class:variant``, each
+    optionally forced to a config with ``@CONFIG`` (:func:`split_config`; ignored here)."""
     if not isinstance(spec, str) or not spec.strip():
         raise KernelError(f"kernel: expected a kernel name, got {spec!r}")
-    spec = spec.strip()
+    spec = split_config(spec.strip())[0]
     entries = _registry()
     base, _, variant = spec.partition(":")
     if base in entries:
@@ -176,13 +187,21 @@ def parse_kernel_name(spec: str) -> tuple[KernelEntry, str | None]:
 
 def get_kernel(spec: str, **kw):
     """Build the adapter named by ``spec`` (see :func:`parse_kernel_name`). Extra keywords go
-    to the factory (``mutants=...``). Raises :class:`KernelError` when the name is unknown
-    or the kernel cannot be imported or built."""
+    to the factory (``mutants=...``); ``@CONFIG`` goes as ``config=CONFIG``, which only the
+    fused kernel's adapters (``model``, ``hipkernel``) take. Raises :class:`KernelError`
+    when the name is unknown or the kernel cannot be imported or built."""
     entry, variant = parse_kernel_name(spec)
+    config = split_config(spec.strip())[1]
+    if config is not None:
+        kw = {**kw, "config": config}
     try:
         adapter = entry(variant=variant, **kw)
     except KernelError:
         raise
+    except TypeError as e:
+        if config is not None and "config" in str(e):
+            raise KernelError(f"kernel: {entry.name!r} takes no @CONFIG (got {spec!r})") from e
+        raise KernelError(f"kernel: cannot build {spec!r}: {type(e).__name__}: {e}") from e
     except Exception as e:  # noqa: BLE001 - e.g. a ValueError for an unknown variant
         msg = str(e)
         raise KernelError(msg if msg.startswith("kernel:") else

@@ -15,7 +15,8 @@ from refattn.cli import (EXIT_FAIL, EXIT_OK, UsageError, _add_suite_option, _con
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernel", default="model", metavar="NAME",
                    help="kernel family whose mutants to switch on: model (CPU, default) or "
-                        "hipkernel / hipkernel:cuda / hipkernel:hip (GPU)")
+                        "hipkernel / hipkernel:cuda / hipkernel:hip (GPU), each optionally forced "
+                        "to one tile config with @CONFIG (hipkernel@mfma_m4_b64)")
     _add_suite_option(p, "Default: seed and extended.")
     p.add_argument("--mutant", action="append", metavar="NAME",
                    help="run only this mutant (repeatable); default: the whole catalogue")

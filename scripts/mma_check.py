@@ -344,7 +344,7 @@ def main(argv=None) -> int:
     global _JOBS
     _JOBS = args.jobs
     if args.configs:
-        from hipkernel.reliability import config_from_name
+        from hipkernel.config import config_from_name
 
         global MMA_ALL
         MMA_ALL = tuple(config_from_name(n) for n in args.configs.split(","))

@@ -19,7 +19,7 @@ import sys
 def main(argv=None) -> int:
     from hipkernel.backends import get_backend
     from hipkernel.bench import parse_shape
-    from hipkernel.reliability import config_from_name
+    from hipkernel.config import config_from_name
     from hipkernel.timing import Resident
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])

@@ -24,7 +24,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hipkernel import api  # noqa: E402
-from hipkernel.reliability import config_from_name  # noqa: E402
+from hipkernel.config import config_from_name  # noqa: E402
 from refattn.metrics import compare  # noqa: E402
 from refattn.reference import attention_with_baseline  # noqa: E402
 from tests.test_edge_semantics import near_fp16_max_logits  # noqa: E402

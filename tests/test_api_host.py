@@ -307,3 +307,24 @@ def test_misaligned_device_pointer_rejected():
     with pytest.raises(ValueError, match="^k: device pointer"):
         api.flash_prefill_v3(RecordingBackend(), 0x100, 0x208, 0x300, 0, 0x500, B=1, Sq=4, Hq=4, Hkv=2,
                              d=64, S_cap=8, past_len=4)
+
+
+def test_hipkernel_adapter_with_a_forced_config():
+    """``hipkernel:hip@wmma_m4_b64``: available only where its path runs (the reason names the
+    config and the target), and then every case launches that config, untuned, its own tiles
+    ignored."""
+    from hipkernel.adapter import HipKernel
+    from refattn.cases import load_suites, make_inputs
+
+    k = HipKernel(config="wmma_m4_b64")
+    k._backend = RecordingBackend(arch="gfx942")
+    ok, why = k.available()
+    assert not ok and "config wmma_m4_b64: path 'wmma' does not run on" in why and "gfx942" in why
+    be = RecordingBackend(arch="gfx1151")
+    k = HipKernel("hip", config="wmma_m4_b64")
+    k._backend = be
+    assert k.available()[0] and k.name == "hipkernel:hip@wmma_m4_b64"
+    (case,) = [c for c in load_suites(["seed"]) if c.name == "gptoss-nosink-past512-w100-bkv32"]
+    status, _ = k.run(make_inputs(case))  # the case asks for bkv 32; the forced config wins
+    assert status == 0 and be.launches and not any(l["tuning"] for l in be.launches)
+    assert {(l["kernel"]["WAVE"], l["kernel"]["M_TILES"], l["kernel"]["BKV"]) for l in be.launches} == {(32, 4, 64)}

@@ -382,6 +382,16 @@ def _tripwire(what):
 # =========================================================================== command line
 
 CLI_BAD = [
+    ("run-config-unknown", "refattn run: error: kernel: cannot build 'model@nope': ValueError: config: "
+     "expected a config name like", ["run", "--kernel", "model@nope"]),
+    ("run-config-not-a-tile", "refattn run: error: kernel: cannot build 'model@mma_m3_b64': ValueError: "
+     "config: 'mma_m3_b64': m_tiles: expected one of (1, 2, 4, 8), got 3", ["run", "--kernel", "model@mma_m3_b64"]),
+    ("run-config-on-reference", "refattn run: error: kernel: 'reference' takes no @CONFIG (got 'reference@m4_b64')",
+     ["run", "--kernel", "reference@m4_b64"]),
+    ("run-config-empty", "refattn run: error: kernel: expected a config name after '@' in 'model@'",
+     ["run", "--kernel", "model@"]),
+    ("mutants-config-unknown", "refattn mutants: error: kernel: cannot build 'model@nope': ValueError: config: "
+     "expected a config name like", ["mutants", "--kernel", "model@nope"]),
     ("run-gpus-zero", "refattn run: error: argument --gpus: expected at least 1 GPU, got 0",
      ["run", "--kernel", "reference", "--gpus", "0"]),
     ("run-gpus-not-a-number", "refattn run: error: argument --gpus: expected a whole number of GPUs, got 'two'",
@@ -414,6 +424,8 @@ CLI_BAD = [
 def test_cli_rejects_with_exit_2(prefix, argv, capsys, monkeypatch):
     """Exit status 2 and one ``refattn <command>: error: ...`` line (after argparse's usage
     line, for flag errors), no traceback, and neither the runner nor the kill matrix ran."""
+    import refattn.killmatrix  # noqa: F401 - imported first, so it binds the real run_matrix, not the tripwire
+
     monkeypatch.delenv("REFATTN_CASES_DIR", raising=False)
     monkeypatch.setattr("refattn.runner.run_matrix", _tripwire("run_matrix"))
     monkeypatch.setattr("refattn.killmatrix.run_kill_matrix", _tripwire("run_kill_matrix"))

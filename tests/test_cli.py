@@ -186,3 +186,28 @@ def test_mutants_in_processes_give_the_same_kill_matrix(tmp_path):
     assert docs[0] == docs[1]
     killed = {m["name"] for m in docs[0]["mutants"] if m["killed"]}
     assert docs[0]["clean_ok"] and {"sink_ignored", "window_mask_off_by_one"} <= killed
+
+
+def test_a_forced_config_runs_every_case_on_it(capsys, monkeypatch):
+    """``--kernel model@CONFIG``: every case on that config (its pack cut to the case's G),
+    the name in the JSON; the same in the kill matrix, in one process and in two."""
+    from hipkernel import model
+    from hipkernel.config import KernelConfig
+
+    seen = []
+    real = model.attention
+    monkeypatch.setattr(model, "attention", lambda *a, config, **kw: (seen.append(config), real(*a, config=config, **kw))[1])
+    code, out, err = run_cli(capsys, "run", "--kernel", "model@mma_m4_b32_p8", "--suite", "seed",
+                             "-k", "gptoss-sink-past0", "-k", "gptoss-nosink-past512-w128", "--json", "-")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["kernel"] == "model@mma_m4_b32_p8" and [r["outcome"] for r in doc["results"]] == ["pass"] * 2
+    assert seen and set(seen) == {KernelConfig(4, 32, "mma", pack=8)}  # G = 8 on both; the case's own tiles ignored
+    monkeypatch.setattr(model, "attention", real)
+    for jobs in ("1", "2"):
+        code, out, err = run_cli(capsys, "mutants", "--kernel", "model@wmma_m4_b64", "--suite", "seed",
+                                 "-k", "gptoss-nosink-past512-w128", "--mutant", "window_mask_off_by_one",
+                                 "--jobs", jobs, "--json", "-", "-q")
+        assert code == 0, err
+        doc = json.loads(out)
+        assert doc["kernel"] == "model@wmma_m4_b64" and doc["ok"] and doc["mutants"][0]["killed"]

@@ -29,7 +29,7 @@ import pytest
 
 from hipkernel import api, model
 from hipkernel.config import DEFAULT, MMA_DEFAULT
-from hipkernel.reliability import config_from_name
+from hipkernel.config import config_from_name
 from refattn.cases import OUT_CANARY_BITS, Case, make_inputs
 from refattn.kernels import get_kernel
 from refattn.metrics import compare
