@@ -333,7 +333,7 @@ def test_fit_cost_shrinks_work_not_raggedness():
     assert reliability.fit_cost(g3, 5 * 15 * 3).Hq == 3
     with pytest.raises(ValueError, match="^config"):
         Geometry(1, 5, 2, 1, 64, 0, -1, "none", 0, "tile-4x64").kernel_config()
-    with pytest.raises(ValueError, match="^m_tiles"):
+    with pytest.raises(ValueError, match="^config: 'm3_b48': m_tiles"):
         Geometry(1, 5, 2, 1, 64, 0, -1, "none", 0, "m3_b48").kernel_config()
 
 
@@ -418,7 +418,7 @@ def test_fuzz_covers_the_mma_path_where_the_arch_has_it():
     for bad in ("mma_m8_b64_x2", "wgmma_m8_b64_ws2"):
         with pytest.raises(ValueError, match="^config"):
             reliability.config_from_name(bad)
-    with pytest.raises(ValueError, match="^ws: "):  # the name parses; the config is refused
+    with pytest.raises(ValueError, match="^config: 'mma_m8_b64_ws': ws: "):  # the name parses; the config is refused
         reliability.config_from_name("mma_m8_b64_ws")
 
 
