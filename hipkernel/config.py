@@ -18,12 +18,13 @@ ABI"; the wgmma path also takes KV_STAGES, which follows from the others):
                                (not yet run on AMD hardware)
     BM      = 16 * M_TILES     query rows per block (one Q tile of one head)
     threads = 32 * M_TILES     scalar: each query row is owned by a pair of adjacent lanes;
-              (64 * M_TILES    mfma: a wave of 64 lanes per 16 rows)
               / WARP_M         mma: each warp owns 16 * WARP_M rows (WARP_M = 1 or 2; with 2
                                every K/V fragment read from shared memory feeds two MMAs);
                                wgmma: each warp 16 rows, each warpgroup 64; with ws
                                (wgmma, m_tiles 8) 128 more: a producer warpgroup that
-                               only streams the K/V tiles in
+                               only streams the K/V tiles in;
+                               wmma: a wave32 per 16 rows; mfma: a wave64 per 16
+                               rows (threads = 64 * M_TILES)
     grid    = (ceil(Sq / BP / QWALK), Hq / PACK, B), BP = BM / PACK query positions a Q
                                tile: with PACK > 1 (mma only) a Q tile's BM rows are BP
                                positions of PACK query heads that share a KV head (GQA

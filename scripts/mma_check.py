@@ -1,6 +1,6 @@
-"""GPU check of the tensor-core paths (mma, and wgmma on sm_90): the case matrix with each
-path forced, the mutant kill matrix on it, and device times of scalar vs tensor-core configs
-at the gpt-oss geometry.
+"""GPU check of the tensor-core paths (mma, and wgmma on sm_90; and the AMD matrix-core
+kernel through its emulation): the case matrix with each path forced, the mutant kill matrix
+on it, and device times of scalar vs tensor-core configs at the gpt-oss geometry.
 
     HIPKERNEL_CACHE_DIR=build/hkcache PYTHONPATH=. python3 scripts/mma_check.py \
         [--out DIR] [--sections matrix,sweep,mutants,time,records] [--no-prewarm]
