@@ -29,9 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from hipkernel.autotune import TUNER, tune_key
-from hipkernel.config import (AMD_MMA_WAVE, DEFAULT, HEAD_DIMS, MMA_MIN_SM, WGMMA_SM,
-                              KernelConfig, candidates, default_config, has_mma, has_wgmma,
-                              runs_path)
+from hipkernel.config import (DEFAULT, HEAD_DIMS, PATH_NEEDS, KernelConfig, candidates,
+                              default_config, runs_path)
 from refattn.args import check_attention_args
 from refattn.mutants import by_name as _mutant_by_name
 
@@ -164,16 +163,9 @@ def _check_config_for(config: KernelConfig | None, arch: str, d: int | None = No
         raise ValueError(f"config: {config.name} packs {config.pack} query heads a block, which "
                          f"must share a KV head; G = Hq / Hkv = {G} is not a multiple of "
                          f"{config.pack}")
-    if config is not None and config.path == "mma" and not has_mma(arch):
-        raise ValueError(f"config: path 'mma' needs an NVIDIA sm_{MMA_MIN_SM}+ GPU, the backend "
-                         f"targets {arch}")
-    if config is not None and config.path == "wgmma" and not has_wgmma(arch):
-        raise ValueError(f"config: path 'wgmma' needs an NVIDIA sm_{WGMMA_SM} (Hopper) GPU, the "
+    if config is not None and not runs_path(config.path, arch):
+        raise ValueError(f"config: path {config.path!r} needs {PATH_NEEDS[config.path]}, the "
                          f"backend targets {arch}")
-    if config is not None and config.path in AMD_MMA_WAVE and not runs_path(config.path, arch):
-        need = "an AMD gfx11 GPU" if config.path == "wmma" else "an AMD gfx90a / gfx94x GPU"
-        raise ValueError(f"config: path {config.path!r} needs {need} (or an NVIDIA GPU, which "
-                         f"emulates it), the backend targets {arch}")
 
 
 # --------------------------------------------------------------------------- device level

@@ -66,7 +66,7 @@ TENSOR_CORE_PATHS = ("mma", "wgmma", "wmma", "mfma")
 AMD_MMA_WAVE = {"wmma": 32, "mfma": 64}
 # 16 to 64 rows a block (the NVIDIA emulation adds a scratch a wave; at 4 waves and d 128 the
 # static shared memory is 46,336 bytes, under the 48 KiB limit)
-AMD_MMA_M_TILES = {"wmma": (1, 2, 4), "mfma": (1, 2, 4)}
+AMD_MMA_M_TILES = (1, 2, 4)
 AMD_MMA_BKV = (16, 32, 64)
 # The AMD matrix-core configs are offered to the tuner on AMD targets only when this variable
 # is 1: their kernel has run only through the emulation on NVIDIA so far.
@@ -130,7 +130,7 @@ class KernelConfig:
     def __post_init__(self):
         # 16 groups (512 threads) only on the wgmma path: a warpgroup per 64 rows
         _check_int("m_tiles", self.m_tiles,
-                   _M_TILES + (16,) if self.path == "wgmma" else AMD_MMA_M_TILES.get(self.path, _M_TILES))
+                   _M_TILES + (16,) if self.path == "wgmma" else AMD_MMA_M_TILES if self.path in AMD_MMA_WAVE else _M_TILES)
         _check_int("bkv", self.bkv, _BKV)
         if self.path not in PATHS:
             raise ValueError(f"path: expected one of {PATHS}, got {self.path!r}")
@@ -447,6 +447,12 @@ def has_mfma(arch: str) -> bool:
     gfx94x)."""
     gfx = _gfx(arch)
     return gfx is not None and (gfx in ("gfx908", "gfx90a") or gfx.startswith("gfx94"))
+
+
+# What a path needs, for the error that refuses it where it does not run (``runs_path``).
+PATH_NEEDS = {"mma": f"an NVIDIA sm_{MMA_MIN_SM}+ GPU", "wgmma": f"an NVIDIA sm_{WGMMA_SM} (Hopper) GPU",
+              "wmma": "an AMD gfx11 GPU (or an NVIDIA GPU, which emulates it)",
+              "mfma": "an AMD gfx90a / gfx94x GPU (or an NVIDIA GPU, which emulates it)"}
 
 
 def runs_path(path: str, arch: str) -> bool:

@@ -85,7 +85,7 @@ class ForcedKernel(HipKernel):
             c["bkv"] = c["bkv"] if c["bkv"] in (32, 64, 128) else self.cfg.bkv
             c["ws"] = self.cfg.ws and c["m_tiles"] in WGMMA_WS_M_TILES  # a producer where it fits
         if c["path"] in AMD_MMA_WAVE:  # a wave per 16 rows: the case's tiles where allowed
-            c["m_tiles"] = c["m_tiles"] if c["m_tiles"] in AMD_MMA_M_TILES[c["path"]] else self.cfg.m_tiles
+            c["m_tiles"] = c["m_tiles"] if c["m_tiles"] in AMD_MMA_M_TILES else self.cfg.m_tiles
             c["bkv"] = c["bkv"] if c["bkv"] in AMD_MMA_BKV else self.cfg.bkv
         status, out = api.attention(inputs.q, inputs.k, inputs.v, out=inputs.out, config=c,
                                     backend=self._backend or "cuda", mutants=self.mutants,
