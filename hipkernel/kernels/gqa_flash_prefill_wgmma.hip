@@ -173,11 +173,12 @@ HK_INLINE void load_tile(const half_t* kg, const half_t* vg, unsigned int k_s0, 
             const int c = (idx >> 3) % VPR;
             const int j = j0 + key;
             const bool keep = key_kept(j, kv_start, skv, S_cap);
-            const hk_u64 src = (hk_u64)j * HEAD_DIM + 8 * c;
+            // a key not kept reads nothing (src-size 0), from key 0 of its row anyway: one
+            // select of j, not of two pointers
+            const hk_u64 src = (hk_u64)(unsigned int)(keep ? j : 0) * HEAD_DIM + 8 * c;
             const unsigned int dst = st * TILE_BYTES + 16u * idx;
-            // a key not kept reads nothing (src-size 0); its address is the base anyway
-            hk_cp_async_16(k_s0 + dst, keep ? kg + src : kg, keep);
-            hk_cp_async_16(v_s0 + dst, keep ? vg + src : vg, keep);
+            hk_cp_async_16(k_s0 + dst, kg + src, keep);
+            hk_cp_async_16(v_s0 + dst, vg + src, keep);
         }
     }
 }
@@ -197,7 +198,16 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     half_t* const v_s = kv_s + KV_STAGES * BKV * HEAD_DIM;
 
     const int tid = hk_thread_x();
+    // The warp index through a shuffle from lane 0: ptxas then knows it is the same in every
+    // lane, and keeps what derives from it (the tiles a warpgroup walks, the stages, the
+    // wgmma descriptors) in uniform registers: on wgmma_m16_b64 no R2UR is left before a
+    // wgmma. Only on the self-loading mbarrier pipeline: with the producer the consumers
+    // then spill and ptxas serializes their wgmma (C7512), and wgmma_m4_b64 spills.
+#if MBAR_PIPE && !WS
+    const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0), lane = tid & 31;
+#else
     const int warp = tid >> 5, lane = tid & 31;
+#endif
     const int g = lane >> 2;  // this lane's fragment rows are g and g + 8
     const int t4 = lane & 3;  // ... and its fragment columns 2 * t4, 2 * t4 + 1 (+ 8)
     const int qt = hk_block_x(), h = hk_block_y(), b = hk_block_z();
@@ -258,6 +268,21 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     const int pg_first = past + ig, pg_last = pg_first + 63;
     const int iw = ig + 16 * (warp & 3);
     const int pw_first = past + iw, pw_last = pw_first + 15;
+    // The tiles this warpgroup computes, [tg_lo, tg_hi): tile t (keys [t BKV, t BKV + BKV))
+    // is skipped when none of its 64 rows sees a key of it, i.e. t BKV > pg_last, or under a
+    // window t BKV + BKV - 1 < window_lo(pg_first). And the tiles every row of this warp
+    // sees whole, [tw_lo, tw_hi): t BKV + BKV - 1 <= pw_first and, under a window,
+    // t BKV >= window_lo(pw_last). Positions are >= 0, so / is the floor here.
+#if GROUP_SKIP
+    const int wg_lo = window > 0 ? window_lo(pg_first, window) : 0;
+    const int tg_lo = wg_lo > 0 ? wg_lo / BKV : 0;
+    const int tg_hi = group_live ? pg_last / BKV + 1 : 0;
+#else
+    const int tg_lo = 0, tg_hi = group_live ? t_end : 0;
+#endif
+    const int ww_lo = window < 0 ? 0 : window_lo(pw_last, window);
+    const int tw_lo = ww_lo > 0 ? (ww_lo + BKV - 1) / BKV : 0;
+    const int tw_hi = (pw_first + 1) / BKV;
     int p_r[2], i_r[2];
     const half_t* qrow[2];
 #pragma unroll
@@ -277,25 +302,29 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
 #pragma unroll
         for (int e = 0; e < 4; ++e) o[nd][e] = 0.0f;
 
-#if !WS  // every thread loads its share of the tiles (kg, vg, k_s0, v_s0 in this order:
-         // the PTX of the other tiles is then the one measured before WS existed)
+#if !WS  // every thread loads its share of the tiles
     const hk_u64 kv_base = ((hk_u64)b * Hkv + kvh) * (hk_u64)S_cap * HEAD_DIM;
     const half_t* kg = k + kv_base;
     const half_t* vg = v + kv_base;
 #endif
     const unsigned int k_s0 = hk_smem_u32(k_s), v_s0 = hk_smem_u32(v_s);
+    // The descriptors' low words for stage 0 (wgmma.h); stage st adds st * TILE_BYTES >> 4.
+    const unsigned int k_lo0 = hk_wgmma_desc_lo(k_s0, 128u), v_lo0 = hk_wgmma_desc_lo(v_s0, GROUP_BYTES);
 #if !WS
     auto load_share = [&](int t, int st) { load_tile(kg, vg, k_s0, v_s0, t, st, tid, kv_start, skv, S_cap); };
 #endif
 
+    // A stage's mbarriers complete one phase per round of the stages: tile t (the jt-th
+    // walked, jt = t - t0) sits in stage jt % KV_STAGES, in round jt / KV_STAGES, whose
+    // parity the waits name; the loop counts both instead of dividing.
     // The pipeline: start() before the first tile, acquire(t, st) when tile t must be in
     // stage st for every warp, release(t, st) once this thread's warpgroup is done with it.
 #if WS
     // A consumer thread waits for tile t's full barrier, and arrives on its empty barrier
     // once its warpgroup is done with it.
     auto start = [&]() {};
-    auto acquire = [&](int t, int st) {
-        hk_mbar_wait(full0 + 8u * st, ((t - t0) / KV_STAGES) & 1);  // tile t has landed
+    auto acquire = [&](int, int st, unsigned int round) {
+        hk_mbar_wait(full0 + 8u * st, round & 1);  // tile t has landed
         hk_fence_proxy_async();  // the copies, visible to wgmma's operand reads
     };
     auto release = [&](int, int st) { hk_mbar_arrive(empty0 + 8u * st); };
@@ -327,14 +356,16 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
             }
         }
     };
-    auto acquire = [&](int t, int st) {
-        const int jt = t - t0, jn = jt + LOOKAHEAD, sn = jn % KV_STAGES;
+    int sn = LOOKAHEAD;         // the stage of tile t + LOOKAHEAD ...
+    unsigned int round_n = 0;   // ... and its round
+    auto acquire = [&](int t, int st, unsigned int round) {
         if (t + LOOKAHEAD < t_end) {  // tile t + LOOKAHEAD, once its stage is free
-            if (jn >= KV_STAGES) hk_mbar_wait(empty0 + 8u * sn, (jn / KV_STAGES - 1) & 1);
+            if (round_n > 0) hk_mbar_wait(empty0 + 8u * sn, (round_n - 1) & 1);
             load_share(t + LOOKAHEAD, sn);
             hk_mbar_arrive_cp_async(full0 + 8u * sn);
+            if (++sn == KV_STAGES) sn = 0, ++round_n;
         }
-        hk_mbar_wait(full0 + 8u * st, (jt / KV_STAGES) & 1);  // tile t has landed
+        hk_mbar_wait(full0 + 8u * st, round & 1);  // tile t has landed
         hk_fence_proxy_async();  // the copies, visible to wgmma's operand reads
     };
     auto release = [&](int, int st) { hk_mbar_arrive(empty0 + 8u * st); };
@@ -349,7 +380,7 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
             hk_cp_async_commit();
         }
     };
-    auto acquire = [&](int t, int st) {
+    auto acquire = [&](int t, int st, unsigned int) {
         hk_cp_async_wait<PENDING>();  // tile t has landed
         hk_fence_proxy_async();  // this thread's copies, visible to wgmma's operand reads ...
         hk_sync();               // ... and every thread's; every warp is done with tile t - 1
@@ -373,29 +404,25 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     const int wg = warp >> 2;
     if (wg == NWG - 1) hk_named_arrive(1, 256);  // warpgroup 0 goes first
 #endif
-    int st = 0;  // tile t's stage: (t - t0) % KV_STAGES
+    int st = 0;              // tile t's stage ...
+    unsigned int round = 0;  // ... and its round
     for (int t = t0; t < t_end; ++t) {
-        acquire(t, st);
+        acquire(t, st, round);
 #if PINGPONG
         hk_named_sync(1 + wg, 256);  // this warpgroup's turn
 #endif
 
         const int j0 = t * BKV;
-#if GROUP_SKIP
-        const bool skip = !group_live || j0 > pg_last ||
-                          (window > 0 && j0 + BKV - 1 < window_lo(pg_first, window));
-#else
-        const bool skip = !group_live;
-#endif
+        const bool skip = t < tg_lo || t >= tg_hi;
         if (!skip) {  // uniform over the warpgroup, as wgmma requires
-            const unsigned int k_t = k_s0 + st * TILE_BYTES, v_t = v_s0 + st * TILE_BYTES;
+            const unsigned int k_lo = k_lo0 + st * (TILE_BYTES >> 4), v_lo = v_lo0 + st * (TILE_BYTES >> 4);
 
             // S = Q K^T, fp32 (the first step overwrites s).
             float s[NB_S][4];
             hk_wgmma_fence();
 #pragma unroll
             for (int kc = 0; kc < KC_S; ++kc)
-                hk_wgmma<BKV, 0>(s, qf[kc], hk_wgmma_desc(k_t + 256u * kc, 128u, GROUP_BYTES), kc > 0);
+                hk_wgmma<BKV, 0, GROUP_BYTES / 16>(s, qf[kc], k_lo + (256u >> 4) * kc, kc > 0);  // 16 dims on
             hk_wgmma_commit();
 #if PINGPONG
             if (wg != NWG - 1 || t + 1 < t_end) hk_named_arrive(1 + (wg + 1) % NWG, 256);  // the next one's turn
@@ -404,8 +431,7 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
             hk_wgmma_fence_acc(s);
 
             // A tile every row of the warp sees whole needs no per-element test.
-            const bool whole = j0 + BKV - 1 <= pw_first &&
-                               (window < 0 || j0 >= window_lo(pw_last, window));
+            const bool whole = t >= tw_lo && t < tw_hi;
             if (!whole) mask_scores(s, j0, t4, p_r, window);
             softmax_step(s, m, l, o, c2, has_sink, sig2);
 
@@ -417,8 +443,8 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
             hk_wgmma_fence_acc(o);
             hk_wgmma_fence();
 #pragma unroll
-            for (int kc = 0; kc < KC_P; ++kc)
-                hk_wgmma<HEAD_DIM, 1>(o, pa[kc], hk_wgmma_desc(v_t + 2u * GROUP_BYTES * kc, GROUP_BYTES, 128u), 1);
+            for (int kc = 0; kc < KC_P; ++kc)  // 16 keys on: two 8-key groups further
+                hk_wgmma<HEAD_DIM, 1, 128u / 16>(o, pa[kc], v_lo + (2u * GROUP_BYTES >> 4) * kc, 1);
             hk_wgmma_commit();
             hk_wgmma_wait<0>();
             hk_wgmma_fence_acc(o);
@@ -427,7 +453,7 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
         else if (wg != NWG - 1 || t + 1 < t_end) hk_named_arrive(1 + (wg + 1) % NWG, 256);
 #endif
         release(t, st);
-        st = st + 1 == KV_STAGES ? 0 : st + 1;
+        if (++st == KV_STAGES) st = 0, ++round;
     }
 
     // Epilogue: the sink, then out = acc * (1 / l).

@@ -27,10 +27,14 @@
 
 // Descriptor of a no-swizzle shared-memory operand starting at shared address `addr`
 // (16-byte aligned); lbo, sbo in bytes (multiples of 16). Bits: [0,14) addr >> 4,
-// [16,30) lbo >> 4, [32,46) sbo >> 4, base offset 0, swizzle mode (bits 62-63) 0.
-HK_INLINE hk_u64 hk_wgmma_desc(unsigned int addr, unsigned int lbo, unsigned int sbo) {
-    return (hk_u64)((addr & 0x3FFFFu) >> 4) | ((hk_u64)(lbo >> 4) << 16) |
-           ((hk_u64)(sbo >> 4) << 32);
+// [16,30) lbo >> 4, [32,46) sbo >> 4, base offset 0, swizzle mode (bits 62-63) 0. The
+// wgmma functions below take its two 32-bit words apart: the low word (hk_wgmma_desc_lo),
+// which moves with the stage a tile sits in, and the high word SBO >> 4, a constant of the
+// layout (a template argument). Adding (bytes >> 4) to a low word moves its start address:
+// a shared address is under 2^18, so the sum stays inside the 14-bit field. (Built whole
+// and passed as one 64-bit operand, ptxas rebuilt both words before every instruction.)
+HK_INLINE unsigned int hk_wgmma_desc_lo(unsigned int addr, unsigned int lbo) {
+    return ((addr & 0x3FFFFu) >> 4) | ((lbo >> 4) << 16);
 }
 
 // Order this thread's generic-proxy writes of shared memory (st.shared, cp.async) before
@@ -84,27 +88,32 @@ HK_INLINE void hk_wgmma_fence_acc(float (&d)[NB][4]) {
 // D (64 x N) += A (64 x 16, registers) * B (16 x N, descriptor); accumulate = 0 overwrites
 // D instead. TRANS_B: 0 for a K-major B, 1 for an MN-major B. One function per N (the
 // accumulator list is spelled out; the PTX operand numbers follow it).
-template <int TRANS_B>
-HK_INLINE void hk_wgmma_n32(float (&d)[4][4], const unsigned int (&a)[4], hk_u64 desc_b, int accumulate) {
+template <int TRANS_B, unsigned int DESC_HI>
+HK_INLINE void hk_wgmma_n32(float (&d)[4][4], const unsigned int (&a)[4], unsigned int desc_lo,
+                            int accumulate) {
     asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %20, 0;\n"
+        "{\n.reg .pred p;\n.reg .b32 dh;\n.reg .b64 db;\nsetp.ne.b32 p, %20, 0;\n"
+        "mov.b32 dh, %22;\nmov.b64 db, {%21, dh};\n"
         "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-        "{%16, %17, %18, %19}, %21, p, 1, 1, %22;\n}"
+        "{%16, %17, %18, %19}, db, p, 1, 1, %23;\n}"
         : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
           "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
           "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
           "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "l"(desc_b), "n"(TRANS_B));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "r"(desc_lo), "n"(DESC_HI),
+          "n"(TRANS_B));
 }
 
-template <int TRANS_B>
-HK_INLINE void hk_wgmma_n64(float (&d)[8][4], const unsigned int (&a)[4], hk_u64 desc_b, int accumulate) {
+template <int TRANS_B, unsigned int DESC_HI>
+HK_INLINE void hk_wgmma_n64(float (&d)[8][4], const unsigned int (&a)[4], unsigned int desc_lo,
+                            int accumulate) {
     asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %36, 0;\n"
+        "{\n.reg .pred p;\n.reg .b32 dh;\n.reg .b64 db;\nsetp.ne.b32 p, %36, 0;\n"
+        "mov.b32 dh, %38;\nmov.b64 db, {%37, dh};\n"
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "{%32, %33, %34, %35}, %37, p, 1, 1, %38;\n}"
+        "{%32, %33, %34, %35}, db, p, 1, 1, %39;\n}"
         : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
           "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
           "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
@@ -113,16 +122,19 @@ HK_INLINE void hk_wgmma_n64(float (&d)[8][4], const unsigned int (&a)[4], hk_u64
           "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
           "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
           "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "l"(desc_b), "n"(TRANS_B));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "r"(desc_lo), "n"(DESC_HI),
+          "n"(TRANS_B));
 }
 
-template <int TRANS_B>
-HK_INLINE void hk_wgmma_n128(float (&d)[16][4], const unsigned int (&a)[4], hk_u64 desc_b, int accumulate) {
+template <int TRANS_B, unsigned int DESC_HI>
+HK_INLINE void hk_wgmma_n128(float (&d)[16][4], const unsigned int (&a)[4], unsigned int desc_lo,
+                            int accumulate) {
     asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %68, 0;\n"
+        "{\n.reg .pred p;\n.reg .b32 dh;\n.reg .b64 db;\nsetp.ne.b32 p, %68, 0;\n"
+        "mov.b32 dh, %70;\nmov.b64 db, {%69, dh};\n"
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "{%64, %65, %66, %67}, %69, p, 1, 1, %70;\n}"
+        "{%64, %65, %66, %67}, db, p, 1, 1, %71;\n}"
         : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
           "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
           "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
@@ -139,13 +151,14 @@ HK_INLINE void hk_wgmma_n128(float (&d)[16][4], const unsigned int (&a)[4], hk_u
           "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
           "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
           "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "l"(desc_b), "n"(TRANS_B));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "r"(desc_lo), "n"(DESC_HI),
+          "n"(TRANS_B));
 }
 
-// D += A * B for N in {32, 64, 128}.
-template <int N, int TRANS_B>
-HK_INLINE void hk_wgmma(float (&d)[N / 8][4], const unsigned int (&a)[4], hk_u64 desc_b, int accumulate) {
-    if constexpr (N == 32) hk_wgmma_n32<TRANS_B>(d, a, desc_b, accumulate);
-    else if constexpr (N == 64) hk_wgmma_n64<TRANS_B>(d, a, desc_b, accumulate);
-    else hk_wgmma_n128<TRANS_B>(d, a, desc_b, accumulate);
+// D += A * B for N in {32, 64, 128}; B by descriptor, low word desc_lo, high word DESC_HI.
+template <int N, int TRANS_B, unsigned int DESC_HI>
+HK_INLINE void hk_wgmma(float (&d)[N / 8][4], const unsigned int (&a)[4], unsigned int desc_lo, int accumulate) {
+    if constexpr (N == 32) hk_wgmma_n32<TRANS_B, DESC_HI>(d, a, desc_lo, accumulate);
+    else if constexpr (N == 64) hk_wgmma_n64<TRANS_B, DESC_HI>(d, a, desc_lo, accumulate);
+    else hk_wgmma_n128<TRANS_B, DESC_HI>(d, a, desc_lo, accumulate);
 }
