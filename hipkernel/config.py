@@ -405,8 +405,9 @@ WGMMA_CANDIDATES = tuple(WGMMA_BY_HEAD_DIM.values())
 
 # The AMD matrix-core paths (kernels/gqa_flash_prefill_amdmma.hip): not timed on AMD hardware
 # (none here), so a plain spread of tile shapes for the tuner to choose from where they run.
-WMMA_CANDIDATES = tuple(KernelConfig(m, b, "wmma") for m, b in ((4, 64), (4, 32), (2, 64)))
-MFMA_CANDIDATES = tuple(KernelConfig(m, b, "mfma") for m, b in ((4, 64), (4, 32), (2, 64)))
+_AMD_MMA_TILES = ((4, 64), (4, 32), (2, 64))  # (m_tiles, bkv), the first the checked one
+WMMA_CANDIDATES = tuple(KernelConfig(m, b, "wmma") for m, b in _AMD_MMA_TILES)
+MFMA_CANDIDATES = tuple(KernelConfig(m, b, "mfma") for m, b in _AMD_MMA_TILES)
 
 DEFAULT = KernelConfig(4, 64)
 MMA_DEFAULT = MMA_CANDIDATES[0]
