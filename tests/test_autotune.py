@@ -231,6 +231,49 @@ def test_burst_timing_amortises_launch_latency():
     assert times[slow] == pytest.approx([0.08] * api.TUNE_SAMPLES)
 
 
+class HostBoundBackend(RecordingBackend):
+    """Launches the host enqueues more slowly than the GPU runs them: without a hold the
+    events of a burst of n launches see n * max(kernel, HOST_MS), behind one n * kernel."""
+
+    HOST_MS = 0.04
+
+    def __init__(self, kernel_ms):
+        super().__init__(times=kernel_ms)
+        self.holds = []
+
+    def hold(self, ms):
+        self.holds.append(ms)
+
+    def time_ms(self, fn, warmup=1, reps=3, hold_ms=0.0):
+        if hold_ms > 0:
+            self.hold(hold_ms)
+        before = len(self.launches)
+        [t] = set(super().time_ms(fn, warmup=warmup, reps=1))
+        n = len(self.launches) - before
+        return [t if hold_ms > 0 else n * max(t / n, self.HOST_MS)] * reps
+
+
+class HostBoundNoHold(HostBoundBackend):
+    hold = None  # a backend without a hold (the attribute exists but is not callable)
+
+
+def test_sweep_behind_a_hold_times_the_kernel_not_the_host():
+    """A 512-row chunk under a 128-key window: 0.014 ms on the GPU against ~0.04 ms to
+    enqueue. Timed bare, every candidate takes the host's time and the pick is a tie; behind
+    a hold, the faster kernel wins."""
+    fast, slow = CANDIDATES[0], CANDIDATES[1]
+    kernel = {(fast.m_tiles, fast.bkv): 0.014, (slow.m_tiles, slow.bkv): 0.02}
+    run = lambda be, c: api.tune_times_ms(  # noqa: E731
+        be, lambda: be.launch({"M_TILES": c.m_tiles, "BKV": c.bkv}, 1, 1, []))
+    be = HostBoundBackend(kernel)
+    times = {c: run(be, c) for c in (fast, slow)}
+    assert times[fast] == pytest.approx([0.014] * api.TUNE_SAMPLES)
+    assert times[slow] == pytest.approx([0.02] * api.TUNE_SAMPLES)
+    assert len(be.holds) == 2 and all(0.5 <= h <= api.TUNE_HOLD_MAX_MS for h in be.holds)
+    bare = HostBoundNoHold(kernel)  # the same sweep without a hold: a tie at the host's time
+    assert run(bare, fast) == run(bare, slow) == pytest.approx([0.04] * api.TUNE_SAMPLES)
+
+
 @pytest.mark.parametrize("probe, n", [(0.001, 32), (0.025, 32), (0.05, 20), (0.3, 4), (1.0, 1),
                                       (9.0, 1), (0.0, 32), (float("nan"), 32)])
 def test_burst_length(probe, n):

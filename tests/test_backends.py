@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import time
 import types
 
 import numpy as np
@@ -397,6 +398,30 @@ def test_time_ms_uses_events_around_each_call(host):
     assert len(host.launches) == 7  # warmup included
 
 
+def test_hold_is_a_spin_calibrated_by_events(host):
+    from hipkernel.backends import HOLD_CALIBRATION_CYCLES, HOLD_KERNEL, HOLD_SOURCE
+    host.hold(3.0)
+    assert host.compile_calls[-1][0] == HOLD_SOURCE
+    assert all(f[1] == HOLD_KERNEL for f, *_ in host.launches)
+    assert len(host.launches) == 1 + 3 + 1  # calibration: warmup + 3 timed; then the hold
+    assert host._hold_cycles_per_ms == HOLD_CALIBRATION_CYCLES / 1.5  # a launch "takes" 1.5 ms
+    host.hold(0.5)
+    assert len(host.launches) == 6  # calibrated once
+    for bad in (-1.0, 1e6, float("nan")):
+        with pytest.raises(ValueError, match="^ms: expected a hold in"):
+            host.hold(bad)
+
+
+def test_time_ms_queues_the_hold_after_warmup_and_before_the_timed_calls(host):
+    kern = host.compile(SRC, {}, "k")
+    host.hold(1.0)  # calibrate first
+    n0 = len(host.launches)
+    times = host.time_ms(lambda: host.launch(kern, 1, 32, []), warmup=2, reps=3, hold_ms=4.0)
+    names = [f[1] for f, *_ in host.launches[n0:]]
+    assert names == ["k", "k", "hk_hold", "k", "k", "k"]
+    assert times == [1.5] * 3  # the events bracket the timed calls, not the hold
+
+
 # --------------------------------------------------------------------------- error decoding
 
 class FakeEnum(int):
@@ -686,3 +711,29 @@ def test_errors_survive_a_process_boundary():
     e = CompileError("cuda", "nvrtcCompileProgram", 6, "NVRTC_ERROR_COMPILATION", "the log")
     back = pickle.loads(pickle.dumps(e))
     assert type(back) is CompileError and str(back) == str(e) and back.log == "the log"
+
+
+@pytest.mark.gpu
+def test_gpu_hold_keeps_host_launch_time_out_of_the_events(gpu, tmp_path):
+    """A hold spins about as long as asked, and behind one a burst of tiny launches times
+    the device: 200 empty launches take far less on the events than the host's enqueueing
+    of them (tens of microseconds each through Python)."""
+    be = type(gpu)(cache=DiskCache(tmp_path, enabled=True))
+    [t] = be.time_ms(lambda: be.hold(2.0), warmup=1, reps=1)
+    assert 1.0 < t < 4.0
+    kern = be.compile(VADD, {"OFFSET": 0}, "vadd")
+    a, b, c, bufs, args = _vadd(be, kern, n=32, alpha=1.0)
+    try:
+        def burst():
+            for _ in range(200):
+                be.launch(kern, 1, 32, args)
+        t0 = time.perf_counter()
+        burst()
+        host_ms = (time.perf_counter() - t0) * 1e3
+        be.synchronize()
+        [bare] = be.time_ms(burst, warmup=0, reps=1)
+        [held] = be.time_ms(burst, warmup=0, reps=1, hold_ms=min(1000.0, 2 * host_ms + 0.5))
+        assert held < 0.5 * min(bare, host_ms), (held, bare, host_ms)
+    finally:
+        for p in bufs:
+            p.free()

@@ -316,6 +316,21 @@ def _host_array(name: str, arr, writable: bool):
 
 # --------------------------------------------------------------------------- the backend base
 
+# A hold: one GPU thread spinning on the SM clock for a given number of cycles. Queued before
+# timed work, it keeps the stream busy while the host enqueues that work, so that events
+# around each call bracket device time only, however slow the host's launches are
+# (hipkernel.bench does the same with torch.cuda._sleep). One source for NVRTC and hiprtc.
+HOLD_SOURCE = """extern "C" __global__ void hk_hold(long long cycles) {
+    const long long t0 = clock64();
+    while (clock64() - t0 < cycles) {
+    }
+}
+"""
+HOLD_KERNEL = "hk_hold"
+HOLD_CALIBRATION_CYCLES = 1_000_000  # about 0.5 ms at 2 GHz
+HOLD_MAX_MS = 1000.0
+
+
 class Backend:
     """Device-level API shared by the CUDA and HIP backends (see the module docstring).
 
@@ -335,6 +350,7 @@ class Backend:
         self._results: dict[str, CompileResult] = {}
         self._live: dict[int, int] = {}  # device address -> nbytes
         self.compiles = 0  # compiler invocations (cache misses), for tests and logs
+        self._hold_cycles_per_ms: float | None = None
 
     # ---- primitives a backend implements -------------------------------------------------
     def _compile(self, source: str, defines: dict, include_dirs: Sequence[str]) -> CompileResult:
@@ -512,12 +528,32 @@ class Backend:
     def synchronize(self) -> None:
         self._synchronize()
 
-    def time_ms(self, fn: Callable[[], None], warmup: int = 3, reps: int = 10) -> list[float]:
+    def hold(self, ms: float) -> None:
+        """Queue a GPU spin of about ``ms`` milliseconds on the default stream (see
+        HOLD_SOURCE); the clock rate is measured with events at the first call."""
+        if not 0 <= ms <= HOLD_MAX_MS:
+            raise ValueError(f"ms: expected a hold in [0, {HOLD_MAX_MS}] ms, got {ms!r}")
+        kern = self.compile(HOLD_SOURCE, None, HOLD_KERNEL)
+        spin = lambda cycles: self.launch(kern, 1, 1, [(ctypes.c_int64, int(cycles))])  # noqa: E731
+        if self._hold_cycles_per_ms is None:
+            t = statistics.median(self.time_ms(lambda: spin(HOLD_CALIBRATION_CYCLES), warmup=1, reps=3))
+            if not t > 0:
+                raise BackendError(self.name, "hold", 0, "CALIBRATION",
+                                   f"a {HOLD_CALIBRATION_CYCLES}-cycle spin timed {t!r} ms")
+            self._hold_cycles_per_ms = HOLD_CALIBRATION_CYCLES / t
+        spin(ms * self._hold_cycles_per_ms)
+
+    def time_ms(self, fn: Callable[[], None], warmup: int = 3, reps: int = 10,
+                hold_ms: float = 0.0) -> list[float]:
         """Device time of ``fn()`` (which launches work on the default stream), measured
         with a pair of events around each of ``reps`` calls after ``warmup`` calls. Returns
-        the per-call times in ms; take ``median()`` of them."""
+        the per-call times in ms; take ``median()`` of them. ``hold_ms`` > 0 queues a
+        :meth:`hold` that long before the first timed call: sized to outlast the host's
+        enqueueing of all ``reps`` calls, it keeps host launch time out of the events."""
         for _ in range(warmup):
             fn()
+        if hold_ms > 0:
+            self.hold(hold_ms)
         events = []
         try:
             for _ in range(reps):

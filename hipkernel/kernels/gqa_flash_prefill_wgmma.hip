@@ -31,13 +31,15 @@
 // is the same code. A warpgroup skips a KV tile none of its 64 rows sees; as in the mma path
 // that is bit-identical to walking it, except under no_nan_guard and tail_unmasked.
 //
-// Shared layout of a K or V tile (the "interleave" canonical layout of wgmma.h): 8 keys x
-// 8 dims form one 128-byte core matrix (key-row r at byte 16 r); the core matrices of one
-// 8-key group follow each other by dim chunk, and groups follow each other:
-//   byte(key j, dim chunk c) = (j / 8) * GROUP_BYTES + c * 128 + (j % 8) * 16
-// so thread idx of a cooperative copy writes the 16 bytes at 16 idx (a contiguous store).
-//   K as B of S = Q K^T (n = key, k = dim: K-major):  LBO = 128, SBO = GROUP_BYTES
-//   V as B of O = P V   (k = key, n = dim: MN-major): LBO = GROUP_BYTES, SBO = 128
+// Shared layout of a K or V tile: wgmma's 128-byte swizzle (wgmma.h). The tile is HEAD_DIM / 64
+// column blocks of 64 dims (CBLOCK_BYTES = BKV x 128 bytes each); key j's 16-byte chunk c
+// (dims 8 c .. 8 c + 7 of its block) sits at
+//   byte(key j, chunk c) = block * CBLOCK_BYTES + 128 j + 16 (c ^ (j % 8))
+// so a warp's cp.async of whole rows writes whole 128-byte shared rows (the no-swizzle
+// layout before it wrote 8-key columns: 32 shared wavefronts a copy instruction, not 4).
+// K and V use the same layout, and every tile starts on a 1024-byte boundary.
+//   K as B of S = Q K^T (n = key, k = dim: K-major):  SBO = 1024 (8 keys), 16 dims on = 32 bytes
+//   V as B of O = P V   (k = key, n = dim: MN-major): SBO = 1024 (8 keys), LBO = CBLOCK_BYTES
 // Mutants (refattn/mutants.py) bite in flash_rows.h and at the same places as in the mma path.
 
 #include "portable.h"
@@ -93,8 +95,12 @@
 #define LOADERS NTHREADS           // every thread loads its share of each tile
 #endif
 #define VPR (HEAD_DIM / 8)        // 16-byte vectors per K/V row
-#define GROUP_BYTES (HEAD_DIM * 16)  // one 8-key group of core matrices
 #define TILE_BYTES (BKV * HEAD_DIM * 2)
+#define CBLOCK_BYTES (BKV * 128)  // a 64-dim column block of a tile (see the header)
+#define DESC_SW128 (1u << 30)  // the mode, bits 62-63 of the descriptor: its high word's 30-31
+#if TILE_BYTES % 1024 != 0
+#error "a tile must be a whole number of 1024-byte swizzle atoms"
+#endif
 // KV_STAGES buffers of (K tile, V tile): tile t + KV_STAGES - 1 streams in while tile t is
 // computed (with one stage, tile t + 1 after it). A warpgroup's tile takes a few hundred
 // cycles, far less than a load's latency, so depth matters more here than on the mma path.
@@ -126,10 +132,12 @@
 // softmax runs while the next multiplies. On the H200 with four free-running warpgroups
 // (wgmma_m16_b64, d 64) it ran 512@8192 3 % faster on top of lazy rescaling (0.1990 against
 // 0.2060 ms) and 16384@0 0.5 % (6.281 against 6.319); with the producer at d 128 it did
-// not pay (docs/performance.md).
+// not pay (docs/performance.md). Off since the swizzled layout: with the shared pipe no
+// longer taken by the copies, it cost 2.6 % at 16384@0 (5.274 / 5.307 ms against 5.137 /
+// 5.163 without) and 2 % at 512@8192 (reports/ab/wgmma-swizzle-tune-d64.json).
 #define NWG (M_TILES / 4)  // warpgroups that own rows
 #ifndef PINGPONG
-#define PINGPONG (MBAR_PIPE && !WS)
+#define PINGPONG 0
 #endif
 #if PINGPONG && NWG < 2
 #error "PINGPONG passes a token between warpgroups: M_TILES >= 8"
@@ -158,25 +166,32 @@
 #endif
 #endif
 
-// Stage KV tile t into buffer st: a 16-byte cp.async per loading thread lt (of LOADERS),
-// zero-filling keys no row of this block may see (key_kept). Copy idx (of BKV * VPR) is key
-// (idx / HEAD_DIM) * 8 + idx % 8, dim chunk (idx / 8) % VPR, and lands at byte 16 idx of
-// the tile. kg, vg: the block's KV head; k_s0, v_s0: the K and V stages.
+// Stage KV tile t into buffer st: 16-byte cp.async by loading thread lt (of LOADERS),
+// zero-filling keys no row of this block may see (key_kept). kg, vg: the block's KV head;
+// k_s0, v_s0: the K and V stages.
 HK_INLINE void load_tile(const half_t* kg, const half_t* vg, unsigned int k_s0, unsigned int v_s0,
                          int t, int st, int lt, int kv_start, int skv, int S_cap) {
     const int j0 = t * BKV;
+    // Consecutive threads copy consecutive chunks of a row: a warp reads whole rows (512
+    // contiguous bytes) and writes whole 128-byte shared rows, with no bank conflict. Thread
+    // lt copies chunk c = lt % VPR of keys key0 + it * KSTEP; KSTEP is a multiple of 8, so
+    // the chunk's swizzled place in its row is the same for all of them.
+#define KSTEP (LOADERS / VPR)
+#if LOADERS % VPR != 0 || KSTEP % 8 != 0
+#error "the loaders must cover whole rows, 8 keys a step at least"
+#endif
+    const int key0 = lt / VPR, c = lt % VPR;
+    const unsigned int dst0 = st * TILE_BYTES + (c >> 3) * CBLOCK_BYTES + 128u * key0 + 16u * ((c & 7) ^ (key0 & 7));
 #pragma unroll
-    for (int it = 0; it < (BKV * VPR + LOADERS - 1) / LOADERS; ++it) {
-        const int idx = lt + it * LOADERS;
-        if ((BKV * VPR) % LOADERS == 0 || idx < BKV * VPR) {
-            const int key = (idx / HEAD_DIM) * 8 + (idx & 7);
-            const int c = (idx >> 3) % VPR;
+    for (int it = 0; it < (BKV + KSTEP - 1) / KSTEP; ++it) {
+        const int key = key0 + it * KSTEP;
+        if (BKV % KSTEP == 0 || key < BKV) {
+            const unsigned int dst = dst0 + 128u * KSTEP * it;
             const int j = j0 + key;
             const bool keep = key_kept(j, kv_start, skv, S_cap);
             // a key not kept reads nothing (src-size 0), from key 0 of its row anyway: one
             // select of j, not of two pointers
             const hk_u64 src = (hk_u64)(unsigned int)(keep ? j : 0) * HEAD_DIM + 8 * c;
-            const unsigned int dst = st * TILE_BYTES + 16u * idx;
             hk_cp_async_16(k_s0 + dst, kg + src, keep);
             hk_cp_async_16(v_s0 + dst, vg + src, keep);
         }
@@ -193,7 +208,7 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     int window,                      // -1 = none, else W >= 1 keys (ORT convention)
     int sink_mode,                   // 0 none, 1 per-head sink[h], 2 smooth (sigma = 0)
     float scale) {
-    extern __shared__ __attribute__((aligned(128))) half_t kv_s[];  // the K stages, then V's
+    extern __shared__ __attribute__((aligned(1024))) half_t kv_s[];  // the K stages, then V's
     half_t* const k_s = kv_s;
     half_t* const v_s = kv_s + KV_STAGES * BKV * HEAD_DIM;
 
@@ -309,7 +324,11 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
 #endif
     const unsigned int k_s0 = hk_smem_u32(k_s), v_s0 = hk_smem_u32(v_s);
     // The descriptors' low words for stage 0 (wgmma.h); stage st adds st * TILE_BYTES >> 4.
-    const unsigned int k_lo0 = hk_wgmma_desc_lo(k_s0, 128u), v_lo0 = hk_wgmma_desc_lo(v_s0, GROUP_BYTES);
+    // K (K-major): SBO 1024 between 8-key groups, LBO unused (1). V (MN-major): SBO 1024
+    // between 8-key groups, LBO between the 64-dim column blocks (at d 64 there is one).
+    const unsigned int k_lo0 = hk_wgmma_desc_lo(k_s0, 16u);
+    const unsigned int v_lo0 = hk_wgmma_desc_lo(v_s0, HEAD_DIM > 64 ? CBLOCK_BYTES : 1024u);
+    if (((k_s0 | v_s0) & 1023u) != 0) __trap();  // the swizzle needs 1024-byte aligned tiles
 #if !WS
     auto load_share = [&](int t, int st) { load_tile(kg, vg, k_s0, v_s0, t, st, tid, kv_start, skv, S_cap); };
 #endif
@@ -422,7 +441,8 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
             hk_wgmma_fence();
 #pragma unroll
             for (int kc = 0; kc < KC_S; ++kc)
-                hk_wgmma<BKV, 0, GROUP_BYTES / 16>(s, qf[kc], k_lo + (256u >> 4) * kc, kc > 0);  // 16 dims on
+                // 16 dims on: 32 bytes into the row, the next column block every 4
+                hk_wgmma<BKV, 0, DESC_SW128 | 64u>(s, qf[kc], k_lo + ((kc >> 2) * CBLOCK_BYTES + 32u * (kc & 3) >> 4), kc > 0);
             hk_wgmma_commit();
 #if PINGPONG
             if (wg != NWG - 1 || t + 1 < t_end) hk_named_arrive(1 + (wg + 1) % NWG, 256);  // the next one's turn
@@ -444,7 +464,7 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
             hk_wgmma_fence();
 #pragma unroll
             for (int kc = 0; kc < KC_P; ++kc)  // 16 keys on: two 8-key groups further
-                hk_wgmma<HEAD_DIM, 1, 128u / 16>(o, pa[kc], v_lo + (2u * GROUP_BYTES >> 4) * kc, 1);
+                hk_wgmma<HEAD_DIM, 1, DESC_SW128 | 64u>(o, pa[kc], v_lo + (2048u >> 4) * kc, 1);  // 16 keys on
             hk_wgmma_commit();
             hk_wgmma_wait<0>();
             hk_wgmma_fence_acc(o);
