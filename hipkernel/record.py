@@ -173,6 +173,10 @@ SCALING_RECORD = "scaling-h200x2.json"
 MMA_CHECK_RECORD = "mma-check-h200.json"
 MMA_CHECK_COMMAND = ("OUT=dir bash scripts/h200x2_records.sh (GPU 1: python3 scripts/mma_check.py "
                      "--sections mutants,sweep)")
+# scripts/h200_records_one_call.sh runs the kill matrices untimed beside the sanitizers and
+# leaves the sweep out: its mma_check.json has no "sweep" section.
+MMA_CHECK_COMMAND_ONE_CALL = ("OUT=dir bash scripts/h200_records_one_call.sh (python3 "
+                              "scripts/mma_check.py --sections mutants, beside the sanitizers)")
 
 
 def _load(path: Path, what: str) -> dict:
@@ -200,7 +204,7 @@ def _mma_check_record(raw: dict, matrix: dict, path: Path) -> dict:
         raise ValueError(f"records: {path} holds no kill matrix (its mutants section is "
                          f"{mutants!r})")
     ok = all(isinstance(km, dict) and km.get("ok") is True for km in mutants.values())
-    body = {"command": MMA_CHECK_COMMAND,
+    body = {"command": MMA_CHECK_COMMAND if "sweep" in raw else MMA_CHECK_COMMAND_ONE_CALL,
             "note": "stamped by python -m hipkernel.record --collect from the device run's "
                     "mma_check.json, whose kernel source hash it checked",
             "run_of": matrix.get("date"), **raw}

@@ -130,6 +130,23 @@ def test_collect_writes_the_records_of_the_runs(tmp_path):
     assert sorted(p.name for p in (tmp_path / "cli").glob("*.json")) == written
 
 
+def test_collect_names_the_command_that_made_the_kill_matrices(tmp_path):
+    """mma-check-h200.json says which script ran it: h200x2_records.sh's mma_check has a
+    sweep section, the one-call script's has none (its kill matrices ran beside the
+    sanitizers, and the timed sweep was left out)."""
+    rec_dir, rel_dir, scaling = _device_outputs(tmp_path)
+    record.collect(rec_dir, rel_dir, scaling, tmp_path / "two")
+    two = json.loads((tmp_path / "two" / "mma-check-h200.json").read_text())
+    assert two["command"] == record.MMA_CHECK_COMMAND and "h200x2_records.sh" in two["command"]
+    raw = json.loads((rec_dir / "mma_check.json").read_text())
+    del raw["sweep"]
+    (rec_dir / "mma_check.json").write_text(json.dumps(raw))
+    record.collect(rec_dir, rel_dir, scaling, tmp_path / "one")
+    one = json.loads((tmp_path / "one" / "mma-check-h200.json").read_text())
+    assert "h200_records_one_call.sh" in one["command"] and "sweep" not in one
+    assert record.check_dir(tmp_path / "one", require=("mma-check-h200.json",)) == []
+
+
 def test_collect_without_a_scaling_run_keeps_the_committed_one_carried(tmp_path, capsys):
     """One GPU lent: --collect RECORDS RELIABILITY writes the six one-GPU records and leaves
     the committed scaling record of an earlier kernel as it is; --check names it carried. A
