@@ -32,11 +32,19 @@ A burst hides the host's launch cost only while a launch outlasts it. Each row a
 between launches and the row times the host (on the H200, a 512-row chunk under a 128-key
 window: 0.045 ms a launch in a burst against 0.0156 in ``refattn bench``, whose calls wait
 behind a GPU sleep). Compare such shapes with the bench, not here.
+
+A variant may hang the GPU (a pipeline that deadlocks never returns from its events). With
+``--json`` the file is rewritten after every row and names the variant about to be timed
+(``running``), and ``--hang-s`` (default 120) arms a watchdog around each timing: when one
+has not returned in that time the process prints its stacks and exits with status 1, and
+the file keeps every row done before it and says which variant it was. (On the H200 a
+device call that ran a hanging variant without these lost its 10 minutes and every row.)
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import re
 import subprocess
@@ -137,9 +145,13 @@ def _reference(r, window: int) -> np.ndarray:
 
 
 def run(backend, variants: list[Variant], shapes: list, *, passes: int = 2, n: int = 20,
-        reps: int = 7, ref_max_pairs: int = 2 ** 31, log=print) -> dict:
+        reps: int = 7, ref_max_pairs: int = 2 ** 31, log=print, checkpoint=None,
+        hang_s: float | None = None) -> dict:
     """Compile every variant for the head dims of ``shapes``, then time each shape's variants
-    in turn, ``passes`` times, on one set of resident inputs. Returns the JSON document."""
+    in turn, ``passes`` times, on one set of resident inputs. Returns the JSON document.
+    ``checkpoint(doc)``, when given, sees the document so far before each timing (with
+    ``running`` naming it) and after each row; ``hang_s`` arms ``faulthandler``'s watchdog
+    around each timing (the module docstring)."""
     from refattn.metrics import rel_l2
     from hipkernel.timing import Resident, burst_timing, visible_pairs
 
@@ -148,7 +160,13 @@ def run(backend, variants: list[Variant], shapes: list, *, passes: int = 2, n: i
     labels = [v.label for v in variants]
     if len(set(labels)) != len(labels):
         raise ValueError(f"variant: labels must differ, got {labels} (name them LABEL=...)")
-    kernels, compiled = {}, []
+    if hang_s is not None and not hang_s > 0:
+        raise ValueError(f"hang_s: expected > 0 seconds, got {hang_s}")
+    kernels, compiled, rows = {}, [], []
+    doc = {"kind": "kernel_ab", "device": getattr(backend, "device_name", "?"),
+           "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "passes": passes, "launches": n,
+           "reps": reps, "compiled": compiled, "rows": rows, "running": None}
+    save = checkpoint or (lambda d: None)
     for d in sorted({s.geometry["d"] for s in shapes}):
         for v in variants:
             if not v.config.fits(d):
@@ -162,7 +180,6 @@ def run(backend, variants: list[Variant], shapes: list, *, passes: int = 2, n: i
                                  regs=getattr(info, "regs", None), spills=getattr(info, "spills", None)))
             log(f"d{d} {v.label}: {v.config.name} {v.defines(d)} regs {compiled[-1]['regs']} "
                 f"spills {compiled[-1]['spills']} shared {v.shared_mem(d)}")
-    rows = []
     for shape in shapes:
         g = shape.geometry
         r = Resident(backend, B=g["B"], Sq=shape.sq, Hq=g["Hq"], Hkv=g["Hkv"], d=g["d"],
@@ -182,11 +199,19 @@ def run(backend, variants: list[Variant], shapes: list, *, passes: int = 2, n: i
                             log(f"{shape.name} {v.label}: {v.config.name} packs {v.config.pack} "
                                 f"heads, G = {g['Hq'] // g['Hkv']}; skipped")
                         continue
+                    doc["running"] = {"shape": shape.name, "variant": v.label, "pass": p}
+                    save(doc)
                     backend.memset(r.ptr["out"], 0xFF, r.host["q"].nbytes)  # NaN: unwritten shows
                     grid = v.config.grid(shape.sq, g["Hq"], g["B"])
-                    ms, host_ms = burst_timing(backend, k, grid, (v.config.threads, 1, 1), args,
-                                               v.shared_mem(g["d"]), n=n, reps=reps)
-                    out = r.output()
+                    if hang_s is not None:
+                        faulthandler.dump_traceback_later(hang_s, exit=True)
+                    try:
+                        ms, host_ms = burst_timing(backend, k, grid, (v.config.threads, 1, 1), args,
+                                                   v.shared_mem(g["d"]), n=n, reps=reps)
+                        out = r.output()
+                    finally:
+                        if hang_s is not None:
+                            faulthandler.cancel_dump_traceback_later()
                     ref = first_of_tile.setdefault(v.config.bkv, out)
                     same = None if ref is out else bool(np.array_equal(ref.view(np.uint16),
                                                                        out.view(np.uint16)))
@@ -197,14 +222,14 @@ def run(backend, variants: list[Variant], shapes: list, *, passes: int = 2, n: i
                                rel_l2=(float(rel_l2(out.astype(np.float32), expected))
                                        if expected is not None and p == 0 else None))
                     rows.append(row)
+                    doc["running"] = None
+                    save(doc)
                     log(f"{p} {shape.name:<20} {v.label:<24} {ms:9.4f} ms {row['tflops']:7.1f} TF/s "
                         f"same={same} finite={row['finite']} relL2={row['rel_l2']}"
                         + (f" HOST-BOUND (enqueue {host_ms:.4f} ms a launch)" if row["host_bound"] else ""))
         finally:
             r.free()
-    return {"kind": "kernel_ab", "device": getattr(backend, "device_name", "?"),
-            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "passes": passes, "launches": n,
-            "reps": reps, "compiled": compiled, "rows": rows}
+    return doc
 
 
 def main(argv=None) -> int:
@@ -221,7 +246,11 @@ def main(argv=None) -> int:
     ap.add_argument("--ref-max-pairs", type=int, default=2 ** 31,
                     help="compare with the fp32 reference up to this many (row, key, head) pairs")
     ap.add_argument("--backend", default=None, help="cuda or hip (default: the first that works)")
-    ap.add_argument("--json", type=Path, default=None, help="write the rows here")
+    ap.add_argument("--json", type=Path, default=None,
+                    help="write the rows here (rewritten after every row)")
+    ap.add_argument("--hang-s", type=float, default=120.0, metavar="S",
+                    help="a timing that has not returned after S seconds is taken for a hung "
+                         "GPU: print the stacks and exit with status 1 (default 120; 0: never)")
     args = ap.parse_args(argv)
     from hipkernel.bench import parse_shape
 
@@ -231,16 +260,27 @@ def main(argv=None) -> int:
         for name, x in (("passes", args.passes), ("launches", args.launches), ("reps", args.reps)):
             if x < 1:
                 raise ValueError(f"{name}: expected >= 1, got {x}")
+        if args.hang_s < 0:
+            raise ValueError(f"--hang-s: expected >= 0 seconds, got {args.hang_s}")
     except ValueError as e:
         ap.error(str(e))
     from hipkernel.backends import get_backend
 
+    command = "python -m hipkernel.ab " + " ".join(argv if argv is not None else sys.argv[1:])
+
+    def write(doc: dict) -> None:  # whole, then renamed: a kill mid-write leaves the last one
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            tmp = args.json.with_name(args.json.name + ".tmp")
+            tmp.write_text(json.dumps({**doc, "command": command}, indent=1, default=str) + "\n")
+            tmp.replace(args.json)
+
     doc = run(get_backend(args.backend), variants, shapes, passes=args.passes, n=args.launches,
-              reps=args.reps, ref_max_pairs=args.ref_max_pairs)
-    doc["command"] = "python -m hipkernel.ab " + " ".join(argv if argv is not None else sys.argv[1:])
+              reps=args.reps, ref_max_pairs=args.ref_max_pairs, checkpoint=write,
+              hang_s=args.hang_s or None, log=lambda line: print(line, flush=True))
+    doc["command"] = command
+    write(doc)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(doc, indent=1, default=str) + "\n")
         print(f"wrote {args.json}")
     return 0
 

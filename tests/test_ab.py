@@ -4,6 +4,7 @@ checks the launches it makes and the comparisons it reports."""
 
 import json
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -176,3 +177,58 @@ def test_run_launches_a_ws_variant_with_its_producer_and_stages():
     assert ws and all(l["block"] == (384, 1, 1) and l["shared_mem"] == 3 * (64 * 1024 + 16) for l in ws)
     rows = {r["variant"]: r for r in doc["rows"]}
     assert rows["plain"]["bit_identical"] is True and rows[".@wgmma_m8_b128_ws"]["rel_l2"] < 2e-3
+
+
+def test_checkpoints_name_the_variant_about_to_run_and_keep_every_row_done():
+    """A hang must not lose the rows before it: the checkpoint sees the document before each
+    timing, with ``running`` naming it and every earlier row in, and after each row."""
+    seen = []
+    variants = [ab.parse_variant(s) for s in (".@mma_m4_b64", "mb=.@mma_m4_b64+MIN_BLOCKS=2")]
+    doc = ab.run(ModelBackend(arch="sm_90"), variants, [parse_shape("gptoss-16@8")], passes=2,
+                 n=1, reps=1, log=lambda s: None,
+                 checkpoint=lambda d: seen.append((d["running"], len(d["rows"]))))
+    order = [(".@mma_m4_b64", 0), ("mb", 0), (".@mma_m4_b64", 1), ("mb", 1)]
+    expected = []
+    for i, (label, p) in enumerate(order):
+        expected += [({"shape": "gptoss-16@8", "variant": label, "pass": p}, i), (None, i + 1)]
+    assert seen == expected
+    assert doc["running"] is None and len(doc["rows"]) == 4
+    with pytest.raises(ValueError, match="^hang_s: expected > 0"):
+        ab.run(ModelBackend(arch="sm_90"), variants[:1], [parse_shape("gptoss-8@0")], hang_s=0)
+
+
+_HANGING_RUN = """
+import sys, time
+from hipkernel import ab
+from hipkernel.bench import parse_shape
+from tests.test_fuzz import ModelBackend
+
+class Hangs(ModelBackend):  # a kernel built with -DHANG=1 never finishes
+    def launch(self, kernel, *a, **k):
+        if kernel.get("HANG") == 1:
+            time.sleep(3600)
+        return super().launch(kernel, *a, **k)
+
+sys.argv = ["ab", "--variant", ".@mma_m4_b64", "--variant", "h=.@mma_m4_b64+HANG=1",
+            "--shape", "gptoss-16@8", "--passes", "1", "--launches", "1", "--reps", "1",
+            "--hang-s", "1", "--json", sys.argv[1]]
+import hipkernel.backends
+hipkernel.backends.get_backend = lambda name=None: Hangs(arch="sm_90")
+sys.exit(ab.main())
+"""
+
+
+def test_cli_exits_on_a_hung_variant_with_the_rows_before_it_on_disk(tmp_path):
+    """--hang-s: a variant whose timing never returns ends the process with status 1 and its
+    stacks on stderr, well before any device call's limit; the JSON keeps the first
+    variant's row and names the one that hung."""
+    out = tmp_path / "ab.json"
+    t0 = time.monotonic()
+    res = subprocess.run([sys.executable, "-c", _HANGING_RUN, str(out)], capture_output=True,
+                         text=True, timeout=120, cwd=api.KERNEL_DIR.parents[1])
+    assert res.returncode == 1 and "Timeout" in res.stderr and "burst_timing" in res.stderr
+    assert time.monotonic() - t0 < 60
+    doc = json.loads(out.read_text())
+    assert [r["variant"] for r in doc["rows"]] == [".@mma_m4_b64"]
+    assert doc["running"] == {"shape": "gptoss-16@8", "variant": "h", "pass": 0}
+    assert doc["command"].startswith("python -m hipkernel.ab --variant .@mma_m4_b64")
