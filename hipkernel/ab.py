@@ -278,7 +278,6 @@ def main(argv=None) -> int:
     doc = run(get_backend(args.backend), variants, shapes, passes=args.passes, n=args.launches,
               reps=args.reps, ref_max_pairs=args.ref_max_pairs, checkpoint=write,
               hang_s=args.hang_s or None, log=lambda line: print(line, flush=True))
-    doc["command"] = command
     write(doc)
     if args.json:
         print(f"wrote {args.json}")

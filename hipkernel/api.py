@@ -252,8 +252,7 @@ def flash_prefill_v3(backend, q, k, v, sink, out, *, B: int, Sq: int, Hq: int, H
 TUNE_BURST_MS = 1.0
 TUNE_BURST_MAX = 32
 TUNE_SAMPLES = 5
-TUNE_HOLD_MARGIN = 1.5  # the hold outlasts this many times the host's cost of the bursts
-TUNE_HOLD_MAX_MS = 200.0
+TUNE_HOLD_MAX_MS = 200.0  # the cap of the sweep's hold (backends.hold_ms_for)
 
 
 # The KV length the sweep times the candidates at. The cache key leaves skv out (one sweep
@@ -327,10 +326,11 @@ def tune_times_ms(backend, run) -> list[float]:
 
     if not callable(getattr(backend, "hold", None)):
         return [t / n for t in backend.time_ms(burst, warmup=1, reps=TUNE_SAMPLES)]
+    from hipkernel.backends import hold_ms_for
+
     t0 = time.perf_counter()
     burst()  # warm, and the host's cost of one burst
-    host_ms = (time.perf_counter() - t0) * 1e3
-    hold_ms = min(TUNE_HOLD_MAX_MS, TUNE_HOLD_MARGIN * TUNE_SAMPLES * host_ms + 0.5)
+    hold_ms = hold_ms_for((time.perf_counter() - t0) * 1e3, TUNE_SAMPLES, TUNE_HOLD_MAX_MS)
     return [t / n for t in backend.time_ms(burst, warmup=0, reps=TUNE_SAMPLES, hold_ms=hold_ms)]
 
 

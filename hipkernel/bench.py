@@ -573,8 +573,9 @@ class TorchEventTimer:
         host_ms = (time.perf_counter() - t0) * 1e3
         T.cuda.synchronize()
         if self.cycles_per_ms:
-            hold_ms = min(1000.0, 1.5 * reps * host_ms + 0.5)
-            T.cuda._sleep(int(hold_ms * self.cycles_per_ms))
+            from hipkernel.backends import hold_ms_for
+
+            T.cuda._sleep(int(hold_ms_for(host_ms, reps) * self.cycles_per_ms))
         for s, e in events:
             s.record()
             fn()

@@ -412,6 +412,16 @@ def test_hold_is_a_spin_calibrated_by_events(host):
             host.hold(bad)
 
 
+def test_hold_ms_for_outlasts_the_enqueueing_up_to_a_cap():
+    """One sizing rule for every hold (the tuner's sweep, the bench): HOLD_MARGIN times the
+    host's time to enqueue the calls, plus HOLD_BASE_MS, capped."""
+    from hipkernel.backends import HOLD_BASE_MS, HOLD_MARGIN, HOLD_MAX_MS, hold_ms_for
+    assert hold_ms_for(0.04, 5) == pytest.approx(HOLD_MARGIN * 0.2 + HOLD_BASE_MS)
+    assert hold_ms_for(0.0, 30) == HOLD_BASE_MS  # never a zero hold
+    assert hold_ms_for(10.0, 30, cap_ms=200.0) == 200.0
+    assert hold_ms_for(100.0, 30) == HOLD_MAX_MS  # the most Backend.hold takes
+
+
 def test_time_ms_queues_the_hold_after_warmup_and_before_the_timed_calls(host):
     kern = host.compile(SRC, {}, "k")
     host.hold(1.0)  # calibrate first

@@ -329,6 +329,16 @@ HOLD_SOURCE = """extern "C" __global__ void hk_hold(long long cycles) {
 HOLD_KERNEL = "hk_hold"
 HOLD_CALIBRATION_CYCLES = 1_000_000  # about 0.5 ms at 2 GHz
 HOLD_MAX_MS = 1000.0
+HOLD_MARGIN = 1.5  # a hold outlasts the host's enqueueing of the timed calls this many times
+HOLD_BASE_MS = 0.5  # and this much more
+
+
+def hold_ms_for(host_ms: float, calls: int, cap_ms: float = HOLD_MAX_MS) -> float:
+    """How long to hold the GPU before ``calls`` timed calls that take the host ``host_ms``
+    each to enqueue, so that all of them are queued before the first runs: HOLD_MARGIN times
+    their host time plus HOLD_BASE_MS, at most ``cap_ms``. The tuner's sweep
+    (``api.tune_times_ms``) and the bench's torch timer (``hipkernel.bench``) size theirs so."""
+    return min(cap_ms, HOLD_MARGIN * calls * host_ms + HOLD_BASE_MS)
 
 
 class Backend:
