@@ -56,7 +56,7 @@ from pathlib import Path
 import numpy as np
 
 from hipkernel import api
-from hipkernel.config import KernelConfig
+from hipkernel.config import WGMMA_PATHS, KernelConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKTREE = "."
@@ -81,7 +81,7 @@ class Variant:
     def shared_mem(self, d: int) -> int:
         """The dynamic shared memory of a launch: the config's, with KV_STAGES overridden."""
         stages = self.macros.get("KV_STAGES")
-        if stages is None or self.config.path != "wgmma":
+        if stages is None or self.config.path not in WGMMA_PATHS:
             return self.config.dynamic_smem_bytes(d)
         per_stage = self.config.dynamic_smem_bytes(d) // self.config.kv_stages(d)
         return stages * per_stage
@@ -107,8 +107,8 @@ def parse_variant(spec: str) -> Variant:
             raise ValueError(f"variant {spec!r}: {name} is fixed by the config "
                              f"({config.name}); name another config instead")
         macros[name] = int(value)
-    if "KV_STAGES" in macros and (config.path != "wgmma" or macros["KV_STAGES"] < 1):
-        raise ValueError(f"variant {spec!r}: KV_STAGES is a wgmma-path macro (>= 1)")
+    if "KV_STAGES" in macros and (config.path not in WGMMA_PATHS or macros["KV_STAGES"] < 1):
+        raise ValueError(f"variant {spec!r}: KV_STAGES is a wgmma-path macro (wgmma, wgspan; >= 1)")
     label = m.group("label") or spec.strip()
     return Variant(label, m.group("rev"), config, macros)
 

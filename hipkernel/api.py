@@ -39,6 +39,7 @@ KERNEL_DIR = Path(__file__).parent / "kernels"
 KERNEL_FILE = KERNEL_DIR / "gqa_flash_prefill.hip"  # the scalar path
 KERNEL_FILES = {"scalar": KERNEL_FILE, "mma": KERNEL_DIR / "gqa_flash_prefill_mma.hip",
                 "wgmma": KERNEL_DIR / "gqa_flash_prefill_wgmma.hip",
+                "wgspan": KERNEL_DIR / "gqa_flash_prefill_wgspan.hip",
                 "wmma": KERNEL_DIR / "gqa_flash_prefill_amdmma.hip",
                 "mfma": KERNEL_DIR / "gqa_flash_prefill_amdmma.hip"}
 KERNEL_NAME = "gqa_flash_prefill"  # the entry point of every path
@@ -235,7 +236,7 @@ def flash_prefill_v3(backend, q, k, v, sink, out, *, B: int, Sq: int, Hq: int, H
             # Tuning launches omit the sink: one FMA per row cannot reorder the candidates,
             # and leaving it out keeps tuned configs comparable with the no-sink case.
             config = TUNER.choose(key, lambda cfg: tune_times_ms(backend, prepare(cfg, 0, kv.get())),
-                                  candidates=candidates(backend.arch, d, G),
+                                  candidates=candidates(backend.arch, d, G, window),
                                   default=default_config(backend.arch))
     prepare(config, _SINK_MODES[sink_mode])()
     backend.synchronize()

@@ -319,9 +319,9 @@ def _compiles_for(v: Variant, target: str) -> bool:
     """Whether variant ``v`` is meant for ``target``: scalar everywhere, mma on sm_80+,
     wgmma on sm_90a only (the target the CUDA backend compiles for on an sm_90 device), wmma
     on gfx11 and mfma on gfx90a / gfx94x (their NVIDIA emulation is compiled when it runs)."""
-    from hipkernel.config import WGMMA_TARGET, has_mfma, has_mma, has_wmma
+    from hipkernel.config import WGMMA_PATHS, WGMMA_TARGET, has_mfma, has_mma, has_wmma
 
-    if v.path == "wgmma":
+    if v.path in WGMMA_PATHS:
         return target == WGMMA_TARGET
     if v.path == "wmma":
         return has_wmma(target)

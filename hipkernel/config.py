@@ -59,9 +59,11 @@ _BKV = (16, 32, 64, 128)  # the kernel needs a power of two
 _WARP_M = (1, 2)  # 16-row groups per warp (mma path)
 _PACK = (1, 2, 4, 8)  # query heads a block packs (mma path): a divisor of a fragment's 8 rows
 _WALK = (1, 2, 4, 8)  # Q tiles a block walks (mma path)
-PATHS = ("scalar", "mma", "wgmma", "wmma", "mfma")
+PATHS = ("scalar", "mma", "wgmma", "wgspan", "wmma", "mfma")
 # P is rounded to fp16 before P.V (hipkernel.model)
-TENSOR_CORE_PATHS = ("mma", "wgmma", "wmma", "mfma")
+TENSOR_CORE_PATHS = ("mma", "wgmma", "wgspan", "wmma", "mfma")
+# The paths that compile to sm_90a only (wgmma.mma_async)
+WGMMA_PATHS = ("wgmma", "wgspan")
 # The AMD matrix-core paths and their wave sizes (the instruction each compiles to, amd_mma.h).
 AMD_MMA_WAVE = {"wmma": 32, "mfma": 64}
 # 16 to 64 rows a block (the NVIDIA emulation adds a scratch a wave; at 4 waves and d 128 the
@@ -76,6 +78,13 @@ WGMMA_SM = 90  # wgmma.mma_async: sm_90a code, which runs on compute capability 
 WGMMA_TARGET = "sm_90a"
 _WGMMA_M_TILES = (4, 8, 16)  # one, two or four warpgroups of 64 rows
 _WGMMA_BKV = (32, 64, 128)  # the n of the Q.K wgmma
+# wgspan: keys a chunk, one wgmma of n bkv - 8 and one of n 8 (a window of 128 keys and 8
+# positions span 135 keys: one chunk of 136)
+_WGSPAN_BKV = (72, 136)
+# Its chunk buffers: one. Under a window whose span fits a chunk a block stages one round for
+# all its steps; otherwise (not what the tuner picks it for) each step streams its rounds
+# through the one buffer, loading and computing in turn.
+WGSPAN_MAX_STAGES = 1
 # The wgmma kernel's K/V stages live in dynamic shared memory, which the launch opts in to
 # above 48 KiB (Hopper allows 227 KiB a block): as many stages as fit in the budget, at most
 # WGMMA_MAX_STAGES. On the H200 (d = 64, wgmma_m16_b64, 16384@0) 6 stages (96 KiB) ran
@@ -130,8 +139,8 @@ class KernelConfig:
     def __post_init__(self):
         # 16 groups (512 threads) only on the wgmma path: a warpgroup per 64 rows
         _check_int("m_tiles", self.m_tiles,
-                   _M_TILES + (16,) if self.path == "wgmma" else AMD_MMA_M_TILES if self.path in AMD_MMA_WAVE else _M_TILES)
-        _check_int("bkv", self.bkv, _BKV)
+                   _M_TILES + (16,) if self.path in WGMMA_PATHS else AMD_MMA_M_TILES if self.path in AMD_MMA_WAVE else _M_TILES)
+        _check_int("bkv", self.bkv, _WGSPAN_BKV if self.path == "wgspan" else _BKV)
         if self.path not in PATHS:
             raise ValueError(f"path: expected one of {PATHS}, got {self.path!r}")
         _check_int("warp_m", self.warp_m, _WARP_M)
@@ -141,22 +150,23 @@ class KernelConfig:
         if self.m_tiles % self.warp_m:
             raise ValueError(f"warp_m: {self.warp_m} does not divide m_tiles={self.m_tiles}")
         _check_int("pack", self.pack, _PACK)
-        if self.pack != 1 and self.path != "mma":
-            raise ValueError(f"pack: {self.pack} heads a block needs path 'mma', got path "
-                             f"{self.path!r}")
+        if self.pack != 1 and self.path not in ("mma", "wgspan"):
+            raise ValueError(f"pack: {self.pack} heads a block needs path 'mma' or 'wgspan', "
+                             f"got path {self.path!r}")
         _check_int("walk", self.walk, _WALK)
-        if self.walk != 1 and self.path != "mma":
-            raise ValueError(f"walk: {self.walk} Q tiles a block needs path 'mma', got path "
-                             f"{self.path!r}")
+        if self.walk != 1 and self.path not in ("mma", "wgspan"):
+            raise ValueError(f"walk: {self.walk} Q tiles a block needs path 'mma' or 'wgspan', "
+                             f"got path {self.path!r}")
         if not isinstance(self.ws, bool):
             raise ValueError(f"ws: expected True or False, got {self.ws!r}")
         if self.ws and (self.path != "wgmma" or self.m_tiles not in WGMMA_WS_M_TILES):
             raise ValueError(f"ws: a producer warpgroup needs path 'wgmma' and m_tiles in "
                              f"{WGMMA_WS_M_TILES}, got path {self.path!r}, m_tiles {self.m_tiles}")
-        if self.path == "wgmma":
+        if self.path in WGMMA_PATHS:
             if self.m_tiles not in _WGMMA_M_TILES:
-                raise ValueError(f"m_tiles: path 'wgmma' computes 64 rows a warpgroup and needs "
-                                 f"m_tiles in {_WGMMA_M_TILES}, got {self.m_tiles}")
+                raise ValueError(f"m_tiles: path {self.path!r} computes 64 rows a warpgroup and "
+                                 f"needs m_tiles in {_WGMMA_M_TILES}, got {self.m_tiles}")
+        if self.path == "wgmma":
             if self.bkv not in _WGMMA_BKV:
                 raise ValueError(f"bkv: path 'wgmma' needs bkv in {_WGMMA_BKV}, got {self.bkv}")
         if self.path in AMD_MMA_WAVE and self.bkv not in AMD_MMA_BKV:
@@ -172,6 +182,13 @@ class KernelConfig:
         """BP: query positions per block (``block_rows / pack``: each of ``pack`` heads)."""
         return self.block_rows // self.pack
 
+    def spans_window(self, window: int) -> bool:
+        """wgspan: whether a ``window`` (W >= 1 keys) spans one chunk of a warpgroup: its 64 /
+        pack positions see W + 64 / pack - 1 keys, at most ``bkv`` (the case it is built for;
+        it runs any window, and no window, correctly, but then walks several chunks a step
+        through one buffer). False on the other paths and without a window."""
+        return self.path == "wgspan" and window >= 1 and window + 64 // self.pack - 1 <= self.bkv
+
     def supports(self, G: int) -> bool:
         """Whether this config runs a geometry of ``G`` query heads a KV head: a block's
         ``pack`` heads must share one KV head."""
@@ -179,8 +196,14 @@ class KernelConfig:
 
     def for_group(self, G: int) -> "KernelConfig":
         """This config for ``G`` query heads a KV head: ``pack`` cut to gcd(pack, G), the
-        most of its packing that G allows (itself when it ``supports`` G)."""
-        return self if self.supports(G) else replace(self, pack=math.gcd(self.pack, G))
+        most of its packing that G allows (itself when it ``supports`` G); on the wgspan
+        path ``walk`` cut by the same factor (at least 1), so that a block keeps its
+        positions, and its staged keys fit as they did."""
+        if self.supports(G):
+            return self
+        pack = math.gcd(self.pack, G)
+        walk = max(1, self.walk * pack // self.pack) if self.path == "wgspan" else self.walk
+        return replace(self, pack=pack, walk=walk)
 
     @property
     def wave(self) -> int:
@@ -253,14 +276,23 @@ class KernelConfig:
         wmma and mfma paths have one."""
         if self.path == "scalar" or self.path in AMD_MMA_WAVE:
             return 1
-        if self.path == "wgmma":
-            return max(1, min(WGMMA_MAX_STAGES, self._smem_limit // self._kv_tile_bytes(d)))
+        if self.path in WGMMA_PATHS:
+            most = WGSPAN_MAX_STAGES if self.path == "wgspan" else WGMMA_MAX_STAGES
+            return max(1, min(most, self._smem_limit // self._kv_tile_bytes(d)))
         return 2 if 2 * self._kv_tile_bytes(d) <= SMEM_LIMIT else 1
 
+    @property
+    def span_rows(self) -> int:
+        """wgspan: the key rows a round stages, (warpgroups x walk - 1) x (64 / pack) + P.V's
+        keys (``bkv`` rounded up to 16): the chunk of every warpgroup of every step, each
+        starting up to its first position's offset in the block further (the kernel's CH)."""
+        return (self.m_tiles // 4 * self.walk - 1) * (64 // self.pack) + 16 * -(-self.bkv // 16)
+
     def _kv_tile_bytes(self, d: int) -> int:
-        # a K and a V tile of bkv rows: the mma path pads each row by 8 halves (16 bytes,
-        # against ldmatrix bank conflicts); the wgmma path's core-matrix layout needs none
-        return 2 * self.bkv * (d + (8 if self.path == "mma" else 0)) * 2
+        # a K and a V tile of bkv rows (wgspan: span_rows): the mma path pads each row by 8
+        # halves (16 bytes, against ldmatrix bank conflicts); the wgmma swizzle needs none
+        rows = self.span_rows if self.path == "wgspan" else self.bkv
+        return 2 * rows * (d + (8 if self.path == "mma" else 0)) * 2
 
     def smem_bytes(self, d: int) -> int:
         """Shared memory of the kernel at head dim ``d`` (static on the scalar and mma paths,
@@ -278,7 +310,9 @@ class KernelConfig:
     def dynamic_smem_bytes(self, d: int) -> int:
         """The dynamic shared memory a launch at head dim ``d`` passes: the wgmma path's
         K/V stages and their two mbarriers (16 bytes a stage); 0 on the other paths (their
-        shared memory is static)."""
+        shared memory is static); on the wgspan path its chunk buffers."""
+        if self.path == "wgspan":
+            return self.smem_bytes(d)
         return self.smem_bytes(d) + 16 * self.kv_stages(d) if self.path == "wgmma" else 0
 
     def rescale_log2(self, d: int) -> int:
@@ -291,17 +325,19 @@ class KernelConfig:
         """Whether this config compiles at head dim ``d``: its shared memory fits (48 KiB
         of static memory; on the wgmma path, its minimum of K/V stages in its budget: 2 on
         mbarriers (four warpgroups, or ws), else 1)."""
-        if self.path == "wgmma":
+        if self.path in WGMMA_PATHS:
             return self._wgmma_min_stages * self._kv_tile_bytes(d) <= self._smem_limit
         return self.smem_bytes(d) <= self._smem_limit
 
     @property
     def _wgmma_min_stages(self) -> int:
+        if self.path == "wgspan":
+            return 1
         return WGMMA_MBAR_MIN_STAGES if self.m_tiles >= WGMMA_MBAR_M_TILES or self.ws else 1
 
     @property
     def _smem_limit(self) -> int:
-        if self.path != "wgmma":
+        if self.path not in WGMMA_PATHS:
             return SMEM_LIMIT
         return WGMMA_WS_SMEM_BUDGET if self.ws else WGMMA_SMEM_BUDGET
 
@@ -310,7 +346,7 @@ class KernelConfig:
         d = _check_int("d", d, HEAD_DIMS)
         if not self.fits(d):
             need, kind = self.smem_bytes(d), "static"
-            if self.path == "wgmma":
+            if self.path in WGMMA_PATHS:
                 need, kind = self._wgmma_min_stages * self._kv_tile_bytes(d), "dynamic"
             raise ValueError(
                 f"bkv: {self.bkv} keys at d={d} need {need} bytes of {kind} shared "
@@ -323,7 +359,7 @@ class KernelConfig:
             defines["PACK"] = self.pack
         if self.walk != 1:
             defines["QWALK"] = self.walk
-        if self.path == "wgmma":
+        if self.path in WGMMA_PATHS:
             defines["KV_STAGES"] = self.kv_stages(d)
         if self.path in AMD_MMA_WAVE:
             defines["WAVE"] = self.wave
@@ -403,6 +439,29 @@ WALK_HEAD_DIMS = (64,)
 WGMMA_BY_HEAD_DIM = {64: KernelConfig(16, 64, "wgmma"), 128: KernelConfig(8, 128, "wgmma", ws=True)}
 WGMMA_CANDIDATES = tuple(WGMMA_BY_HEAD_DIM.values())
 
+# wgspan (kernels/gqa_flash_prefill_wgspan.hip): under a window, a warpgroup's 64 rows are 8
+# positions of the 8 heads of a KV head, and their keys one chunk of 136 starting at the first
+# of them; a block of one warpgroup walks 4 such steps over keys it stages once. Offered for
+# the windows whose span fits one chunk (``KernelConfig.spans_window``), at d = 64 (at d = 128
+# G = 4 packs 4 heads, 16 positions, whose 143 keys do not fit). On the H200, same process
+# (reports/wip/session25/ab-wgspan-walk.json): 16384@0 window 128 0.1751 ms against 0.2341
+# for mma_m4_b32_p8_q4; walking 1, 2 and 8 steps 0.2113, 0.2018, 0.1773.
+WGSPAN_CANDIDATES = (KernelConfig(4, 136, "wgspan", pack=8, walk=4),)
+WGSPAN_HEAD_DIMS = (64,)
+
+# Mutants (refattn.mutants) that cannot change any output of one path, with the argument; a
+# forced kill matrix of that path counts them as equivalent, as the catalogue's ``equivalent``
+# does on every path. tests/test_model.py checks the claim on the model.
+EQUIVALENT_ON_PATH = {
+    "wgspan": {
+        "no_nan_guard": "no chunk of the wgspan path precedes a row's first visible key (a "
+                        "unit's first chunk starts at most 7 keys before its first row's first "
+                        "key, and its rows' first keys lie within 64 / pack - 1 of that), so no "
+                        "row meets a chunk it sees nothing of before it has seen a key: the "
+                        "guarded exp2(-inf - -inf) never happens",
+    },
+}
+
 # The AMD matrix-core paths (kernels/gqa_flash_prefill_amdmma.hip): not timed on AMD hardware
 # (none here), so a plain spread of tile shapes for the tuner to choose from where they run.
 _AMD_MMA_TILES = ((4, 64), (4, 32), (2, 64))  # (m_tiles, bkv), the first the checked one
@@ -452,6 +511,7 @@ def has_mfma(arch: str) -> bool:
 
 # What a path needs, for the error that refuses it where it does not run (``runs_path``).
 PATH_NEEDS = {"mma": f"an NVIDIA sm_{MMA_MIN_SM}+ GPU", "wgmma": f"an NVIDIA sm_{WGMMA_SM} (Hopper) GPU",
+              "wgspan": f"an NVIDIA sm_{WGMMA_SM} (Hopper) GPU",
               "wmma": "an AMD gfx11 GPU (or an NVIDIA GPU, which emulates it)",
               "mfma": "an AMD gfx90a / gfx94x GPU (or an NVIDIA GPU, which emulates it)"}
 
@@ -462,7 +522,7 @@ def runs_path(path: str, arch: str) -> bool:
     through the emulation (``amd_mma.h``), which is for checking only."""
     if path == "mma":
         return has_mma(arch)
-    if path == "wgmma":
+    if path in WGMMA_PATHS:
         return has_wgmma(arch)
     if path in AMD_MMA_WAVE:
         native = has_wmma(arch) if path == "wmma" else has_mfma(arch)
@@ -490,16 +550,19 @@ def default_config(arch: str) -> KernelConfig:
     return MMA_DEFAULT if has_mma(arch) else DEFAULT
 
 
-def candidates(arch: str, d: int | None = None, G: int | None = None) -> tuple[KernelConfig, ...]:
+def candidates(arch: str, d: int | None = None, G: int | None = None,
+               window: int | None = None) -> tuple[KernelConfig, ...]:
     """The autotune candidates on target ``arch`` at head dim ``d`` for ``G`` query heads a KV
-    head: the scalar configs everywhere, plus on AMD the wmma (gfx11) or mfma (CDNA) configs
-    when ``$HIPKERNEL_AMD_MMA`` is 1 (``amd_mma_enabled``), plus the mma configs on NVIDIA
-    sm_80+, plus the 32-rows-a-warp mma configs where ``d`` is in
+    head under ``window``: the scalar configs everywhere, plus on AMD the wmma (gfx11) or mfma
+    (CDNA) configs when ``$HIPKERNEL_AMD_MMA`` is 1 (``amd_mma_enabled``), plus the mma
+    configs on NVIDIA sm_80+, plus the 32-rows-a-warp mma configs where ``d`` is in
     ``WIDE_HEAD_DIMS``, plus the packed mma configs that ``G`` allows (and where ``d`` is in
     ``WALK_HEAD_DIMS``, the same walking 4 Q tiles a block), plus the wgmma config of ``d``
-    on sm_90. ``d=None`` / ``G=None``: every config the target can run at some head
-    dim / some G (for fuzzing, sanitizer sweeps and the build check; ``KernelConfig.fits`` and
-    ``KernelConfig.supports`` say where)."""
+    on sm_90, plus there the wgspan configs that ``G`` allows at a ``d`` in
+    ``WGSPAN_HEAD_DIMS`` for a window that spans one of their chunks. ``d=None`` /
+    ``G=None`` / ``window=None``: every config the target can run at some head dim / some G
+    / some window (for fuzzing, sanitizer sweeps and the build check; ``KernelConfig.fits``,
+    ``KernelConfig.supports`` and ``KernelConfig.spans_window`` say where)."""
     if not has_mma(arch):
         if has_wmma(arch) and amd_mma_enabled():
             return CANDIDATES + WMMA_CANDIDATES
@@ -513,7 +576,9 @@ def candidates(arch: str, d: int | None = None, G: int | None = None) -> tuple[K
         wg = WGMMA_CANDIDATES if d is None else tuple(c for c in (WGMMA_BY_HEAD_DIM.get(d),) if c)
     walking = MMA_WALK_CANDIDATES if d is None or d in WALK_HEAD_DIMS else ()
     packed = tuple(c for c in MMA_PACK_CANDIDATES + walking if G is None or c.supports(G))
-    return CANDIDATES + MMA_CANDIDATES + wide + packed + wg
+    span = tuple(c for c in WGSPAN_CANDIDATES if has_wgmma(arch) and (d is None or d in WGSPAN_HEAD_DIMS)
+                 and (G is None or c.supports(G)) and (window is None or c.spans_window(window)))
+    return CANDIDATES + MMA_CANDIDATES + wide + packed + wg + span
 
 
 def compiled_variants() -> list[tuple[int, KernelConfig]]:

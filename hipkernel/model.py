@@ -148,6 +148,11 @@ def _check_mutants(mutants) -> frozenset[str]:
 def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str]) -> np.ndarray:
     B, Sq, Hq, Hkv, d, G = a.B, a.Sq, a.Hq, a.Hkv, a.d, a.G
     BM, BKV = config.block_positions, config.bkv  # BM: positions a block (of pack heads)
+    # wgspan: each warpgroup's BM_WG positions walk their own chunks (see _span_tiles); a
+    # block's BM x walk positions share the first key and the zero-fill below it.
+    span = config.path == "wgspan"
+    BM_WG = 64 // config.pack if span else BM
+    PV_KEYS = 16 * -(-BKV // 16) if span else BKV  # keys P.V reads a chunk (p = 0 past BKV)
     # The tensor-core paths round two steps their own way: P to fp16 before P.V, and
     # out = acc * (1 / l).
     tensor_core = config.path in TENSOR_CORE_PATHS
@@ -172,7 +177,7 @@ def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str]) -> np.ndar
     qg = q[:, :, order, :].astype(_F32).transpose(0, 2, 1, 3).reshape(B, Hkv, G, Sq, d)
     # Keys that any tile can load: all of [0, skv), and under tail_unmasked the raw rest of
     # the last tile (within the cache).
-    n_load = min(S_cap, -(-skv // BKV) * BKV)
+    n_load = min(S_cap, skv + PV_KEYS + BKV if span else -(-skv // BKV) * BKV)
     k32 = k[:, :, :n_load].astype(_F32)
     v32 = v[:, :, :n_load].astype(_F32)
     load_hi = n_load if "tail_unmasked" in mut else skv  # keys at j >= load_hi read as 0
@@ -190,31 +195,36 @@ def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str]) -> np.ndar
     out = np.empty((B, Hkv, G, Sq, d), _F32)
 
     def q_tile(i0: int) -> None:  # one Q tile of every (b, h): rows [i0, i1)
-        i1 = min(Sq, i0 + BM)
+        i1 = min(Sq, i0 + BM_WG)
         p_first, p_last = past + i0, past + i1 - 1
         p_rows = np.arange(p_first, p_last + 1)[:, None]  # (R, 1)
         kv_end = p_last + 1
-        kv_start = max(0, p_first - W + 1) if W > 0 else 0
-        t0 = kv_start // BKV  # from the FIRST row: later rows' lower bounds are higher
-        if "clamp_from_last_row" in mut and W > 0:
-            t0 = max(0, p_last - W + 1) // BKV
-        if "clamp_plus_one_tile" in mut:
-            t0 += 1
-        t_end = -(-kv_end // BKV)
+        if span:  # the block's first position sets the zero-fill
+            tiles, kv_start = _span_tiles(i0, i0 - i0 % (BM * config.walk), Sq, past, W, BKV, BM_WG, mut)
+        else:
+            kv_start = max(0, p_first - W + 1) if W > 0 else 0
+            t0 = kv_start // BKV  # from the FIRST row: later rows' lower bounds are higher
+            if "clamp_from_last_row" in mut and W > 0:
+                t0 = max(0, p_last - W + 1) // BKV
+            if "clamp_plus_one_tile" in mut:
+                t0 += 1
+            tiles = [t * BKV for t in range(t0, -(-kv_end // BKV))]
 
         qb = qg[:, :, :, i0:i1]  # (B, Hkv, G, R, d)
         R = i1 - i0
         m = np.full((B, Hkv, G, R), _NEG_INF, _F32)
         l = np.zeros((B, Hkv, G, R), _F32)
         acc = np.zeros((B, Hkv, G, R, d), _F32)
-        for t in range(t0, t_end):
-            j0 = t * BKV
-            kt = _load_tile(k32, j0, BKV, kv_start, load_hi)  # (B, Hkv, BKV, d)
-            vt = _load_tile(v32, j0, BKV, kv_start, load_hi)
-            # raw scores (c2 goes into the exponent), masked by the one predicate
-            s = _matmul(qb, kt.swapaxes(-1, -2)[:, :, None])  # (B, Hkv, G, R, BKV)
-            vis = visible(p_rows, np.arange(j0, j0 + BKV)[None, :], W,
-                          off_by_one="window_mask_off_by_one" in mut)
+        for j0 in tiles:
+            kt = _load_tile(k32, j0, PV_KEYS, kv_start, load_hi)  # (B, Hkv, PV_KEYS, d)
+            vt = _load_tile(v32, j0, PV_KEYS, kv_start, load_hi)
+            # raw scores (c2 goes into the exponent), masked by the one predicate (and on
+            # wgspan the keys P.V reads past the chunk, whose p is 0)
+            s = _matmul(qb, kt.swapaxes(-1, -2)[:, :, None])  # (B, Hkv, G, R, PV_KEYS)
+            keys = np.arange(j0, j0 + PV_KEYS)[None, :]
+            vis = visible(p_rows, keys, W, off_by_one="window_mask_off_by_one" in mut)
+            if PV_KEYS > BKV:
+                vis = vis & (keys < j0 + BKV)
             if not vis.all():
                 s[..., ~vis] = _NEG_INF
             # online softmax with the NaN guard; m from c2 * max_j dot_j rounded up
@@ -261,7 +271,7 @@ def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str]) -> np.ndar
 
     # Q tiles are independent (as the kernel's blocks are) and NumPy releases the GIL in
     # ufuncs and GEMMs, so they run on a few threads; each writes only its own rows.
-    starts = range(0, Sq, BM)
+    starts = range(0, Sq, BM_WG)
     workers = min(len(starts), _N_WORKERS)
     if workers <= 1:
         for i0 in starts:
@@ -274,6 +284,27 @@ def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str]) -> np.ndar
     result = np.empty((B, Sq, Hq, d), np.float16)
     result[:, :, order, :] = out.reshape(B, Hq, Sq, d).transpose(0, 2, 1, 3)
     return result
+
+
+def _span_tiles(i0: int, blk0: int, Sq: int, past: int, W: int, bkv: int, bm: int,
+                mut: frozenset[str]) -> tuple[list[int], int]:
+    """The wgspan path's chunks of the warpgroup whose rows start at ``i0``, in the block
+    whose rows start at ``blk0`` (``bm`` positions a warpgroup): their first keys, and the
+    block's first visible key (the loads zero-fill below it). A warpgroup's first key lo is
+    its first row's (last row's under ``clamp_from_last_row``; a chunk later under
+    ``clamp_plus_one_tile``); the block's, kv_base, is its first warpgroup's; the chunks
+    start at kv_base + ((lo - kv_base) & ~7), a whole 8-key atom of the block's buffer, and
+    run ``bkv`` keys each up to the warpgroup's last row."""
+    def first_key(i: int) -> int:
+        p = past + (min(i + bm, Sq) - 1 if "clamp_from_last_row" in mut else i)
+        j = max(0, p - W + 1) if W > 0 else 0
+        return j + bkv if "clamp_plus_one_tile" in mut else j
+
+    kv_base = first_key(blk0)
+    a = kv_base + ((first_key(i0) - kv_base) & ~7)
+    kv_end = past + min(i0 + bm, Sq)
+    n = -(-(kv_end - a) // bkv) if kv_end > a else 0
+    return [a + bkv * c for c in range(n)], (max(0, past + blk0 - W + 1) if W > 0 else 0)
 
 
 def _mul_up(x: np.ndarray, c: np.float32) -> np.ndarray:

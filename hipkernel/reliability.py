@@ -48,8 +48,8 @@ from hipkernel import api
 from hipkernel.autotune import tune_key
 from hipkernel.config import (CANDIDATES, DEFAULT, HEAD_DIMS, MMA_DEFAULT, MMA_PACK_CANDIDATES,
                               MMA_WALK_CANDIDATES, MMA_WIDE_CANDIDATES, WGMMA_BY_HEAD_DIM,
-                              WIDE_HEAD_DIMS, KernelConfig, candidates, config_from_name, has_mma,
-                              has_wgmma)
+                              WGSPAN_CANDIDATES, WGSPAN_HEAD_DIMS, WIDE_HEAD_DIMS, KernelConfig,
+                              candidates, config_from_name, has_mma, has_wgmma)
 from refattn.args import check_attention_args
 from refattn.cases import OUT_CANARY_BITS, Case, canary_out, load_suites, make_inputs
 from refattn.metrics import compare
@@ -529,7 +529,8 @@ def sanitize_target(suites=("seed", "extended"), *, backend=None, match=None, ca
     buffer byte-identical. On a target with tensor cores every supported case also runs
     the mma path's default config (and, at d = 64, its 32-rows-a-warp config; and where its
     G > 1, the packed config at the most packing G allows), and on sm_90 the wgmma config of
-    its head dim, so the sanitizer sees every kernel source and tile variant. Prints one
+    its head dim (and at d = 64 the wgspan config, packed as G allows), so the sanitizer sees
+    every kernel source and tile variant. Prints one
     line per launch; returns 0 if all is well, else 1."""
     out = out or sys.stdout
     saved = os.environ.get("HIPKERNEL_TUNE")
@@ -573,6 +574,8 @@ def _sanitize_cases(suites, backend, match, cache, all_configs, judge, cheapest_
             configs.append(MMA_WALK_CANDIDATES[-1].for_group(G))  # and walking Q tiles
             if has_wgmma(be.arch):
                 configs.append(WGMMA_BY_HEAD_DIM[case.d])
+                if case.d in WGSPAN_HEAD_DIMS:  # and the window tile
+                    configs.append(WGSPAN_CANDIDATES[0].for_group(G))
         if all_configs and supported:
             configs += [c for c in candidates(be.arch, G=G) if c not in configs]
         ref = None

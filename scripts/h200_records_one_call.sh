@@ -24,7 +24,7 @@ mkdir -p "$OUT" "$REC" "$REL" || exit 2
 LIMIT=${LIMIT:-300}            # each untimed part of step 2
 RACE_LIMIT=${RACE_LIMIT:-240}
 MEM_LIMIT=${MEM_LIMIT:-240}
-MMA_JOBS=${MMA_JOBS:-7}
+MMA_JOBS=${MMA_JOBS:-8}
 t0=$(date +%s)
 el() { echo $(( $(date +%s) - t0 )); }
 nvidia-smi --query-gpu=index,name,clocks.max.sm --format=csv > "$REC/gpus.csv"

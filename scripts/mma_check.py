@@ -37,16 +37,16 @@ from refattn.cli import _count_of
 from hipkernel.config import (AMD_MMA_BKV, AMD_MMA_M_TILES, AMD_MMA_WAVE, CANDIDATES,
                               MFMA_CANDIDATES, MMA_CANDIDATES, MMA_DEFAULT, MMA_PACK_CANDIDATES,
                               MMA_WALK_CANDIDATES, MMA_WIDE_CANDIDATES, WGMMA_CANDIDATES,
-                              WGMMA_WS_M_TILES, WMMA_CANDIDATES, KernelConfig)
+                              WGMMA_WS_M_TILES, WGSPAN_CANDIDATES, WMMA_CANDIDATES, KernelConfig)
 
 # Every tensor-core config the checks force: mma with one warp per 16 rows, with 32 rows a
 # warp (warp_m = 2), with packed heads and with packed heads walking Q tiles, wgmma (a
-# warpgroup per 64 rows), and the AMD matrix-core kernel's first wmma and mfma configs, which
+# warpgroup per 64 rows), wgspan (window chunks a warpgroup), and the AMD matrix-core kernel's first wmma and mfma configs, which
 # run here through their emulation (kernels/amd_mma.h): the matrix and the kill matrix check
 # them, the sweep does not time them. --configs narrows it.
 AMD_CHECKED = (WMMA_CANDIDATES[0], MFMA_CANDIDATES[0])
 MMA_ALL = (MMA_CANDIDATES + MMA_WIDE_CANDIDATES + MMA_PACK_CANDIDATES + MMA_WALK_CANDIDATES
-           + WGMMA_CANDIDATES + AMD_CHECKED)
+           + WGMMA_CANDIDATES + WGSPAN_CANDIDATES + AMD_CHECKED)
 
 
 _SECTIONS: list[str] = []
@@ -78,12 +78,15 @@ class ForcedKernel(HipKernel):
         c["warp_m"] = self.cfg.warp_m if c["m_tiles"] % self.cfg.warp_m == 0 else 1
         # packed heads: the most of cfg.pack that the case's G allows (so cases of G 1, 2, 4
         # run PACK 1, 2, 4 and the gpt-oss ones PACK 8)
-        c["pack"] = self.cfg.for_group(inputs.q.shape[2] // inputs.k.shape[1]).pack
-        c["walk"] = self.cfg.walk  # Q tiles a block walks (mma only)
+        fit = self.cfg.for_group(inputs.q.shape[2] // inputs.k.shape[1])
+        c["pack"] = fit.pack
+        c["walk"] = fit.walk  # Q tiles a block walks (mma, wgspan)
         if c["path"] == "wgmma":  # 64 rows a warpgroup: keep the case's tiles where allowed
             c["m_tiles"] = c["m_tiles"] if c["m_tiles"] in (4, 8) else self.cfg.m_tiles
             c["bkv"] = c["bkv"] if c["bkv"] in (32, 64, 128) else self.cfg.bkv
             c["ws"] = self.cfg.ws and c["m_tiles"] in WGMMA_WS_M_TILES  # a producer where it fits
+        if c["path"] == "wgspan":  # its own chunk sizes: the config's tiles
+            c["m_tiles"], c["bkv"] = self.cfg.m_tiles, self.cfg.bkv
         if c["path"] in AMD_MMA_WAVE:  # a wave per 16 rows: the case's tiles where allowed
             c["m_tiles"] = c["m_tiles"] if c["m_tiles"] in AMD_MMA_M_TILES else self.cfg.m_tiles
             c["bkv"] = c["bkv"] if c["bkv"] in AMD_MMA_BKV else self.cfg.bkv
@@ -210,8 +213,15 @@ def _kill_matrix(cfg: KernelConfig) -> tuple[str, dict]:
     from refattn.cases import load_suites
     from refattn.killmatrix import format_grid, run_kill_matrix
 
+    from dataclasses import replace
+
+    from hipkernel.config import EQUIVALENT_ON_PATH
+
     km = run_kill_matrix(lambda mutants: ForcedKernel(cfg, mutants=mutants),
                          load_suites(["seed", "extended"]))
+    why = EQUIVALENT_ON_PATH.get(cfg.path, {})
+    km.mutants = [replace(m, equivalent=why[m.name]) if m.name in why and not m.killed else m
+                  for m in km.mutants]
     text = (f"{format_grid(km)}\n== mutants ({cfg.name}): ok={km.ok} clean_ok={km.clean_ok} "
             f"survivors={[m.name for m in km.mutants if not m.killed]}")
     return text, km.to_json()
@@ -222,14 +232,16 @@ def section_mutants(out: Path) -> dict:
     MMA_DEFAULT, the first 32-rows-a-warp config, the widest packed config walking Q tiles
     (each case at the most of its packing that its G allows; its Q tiles are the unwalked
     packed tile's, and under the windows whose KV span fits it keeps their K/V tiles in its
-    ring), each head dim's wgmma config, and the emulated AMD configs (``AMD_CHECKED``).
+    ring), each head dim's wgmma config, the wgspan configs, and the emulated AMD configs
+    (``AMD_CHECKED``). A mutant that ``EQUIVALENT_ON_PATH`` names for a config's path counts
+    as equivalent there when it survives.
 
     With ``--jobs N`` the configs run in N processes at once on the one GPU (nothing here is
     timed, so they may share it; on the H200 five took 141 s, one at a time over 540); their results
     are written as each config finishes, so a run cut by its time limit keeps the finished
     configs."""
     cfgs = [c for c in (MMA_DEFAULT, MMA_WIDE_CANDIDATES[0], MMA_WALK_CANDIDATES[-1],
-                        *WGMMA_CANDIDATES) if c in MMA_ALL]  # --configs narrows
+                        *WGMMA_CANDIDATES, *WGSPAN_CANDIDATES) if c in MMA_ALL]  # --configs narrows
     cfgs += [c for c in MMA_ALL if c.path in AMD_MMA_WAVE]
     doc: dict = {}
 

@@ -122,12 +122,18 @@ def test_sweep_covers_the_targets_candidates():
     prefill_chunk(be, 512)
     n_mma = (len(MMA_CANDIDATES) + len(MMA_WIDE_CANDIDATES) + len(MMA_PACK_CANDIDATES)
              + len(MMA_WALK_CANDIDATES))  # G = 8, d = 64
-    n_cands = len(candidates("sm_90", 64, GEOM["Hq"] // GEOM["Hkv"]))
+    n_cands = len(candidates("sm_90", 64, GEOM["Hq"] // GEOM["Hkv"], -1))  # no window: no wgspan
     assert n_cands == len(CANDIDATES) + n_mma + 1
     assert len(sources) == n_cands + 1  # one compile per candidate, then the chosen one's
     assert sources[:n_cands] == ["scalar"] * len(CANDIDATES) + ["mma"] * n_mma + ["wgmma"], sources
     assert TUNER.choices()[0]["config"] in {c.name for c in candidates("sm_90")}
     assert WGMMA_BY_HEAD_DIM[64].name in TUNER.choices()[0]["times_ms"], "wgmma tile not timed"
+    # under a window of 128 keys (G = 8, d = 64) the sweep ends with the wgspan tile
+    windowed = RecordingBackend(arch="sm_90")
+    w_sources = recording(windowed)
+    prefill_chunk(windowed, 512, window=128)
+    assert w_sources[:n_cands + 1] == sources[:n_cands] + ["wgspan"], w_sources
+    assert "wgspan_m4_b136_p8_q4" in TUNER.choices()[-1]["times_ms"], "wgspan tile not timed"
     sm80 = RecordingBackend(arch="sm_80")  # tensor cores, no wgmma
     sm80_sources = recording(sm80)
     prefill_chunk(sm80, 512)

@@ -18,7 +18,7 @@ import pytest
 from hipkernel import api, model
 from hipkernel import config as config_module
 from hipkernel.config import (CANDIDATES, DEFAULT, HEAD_DIMS, MMA_CANDIDATES, MMA_PACK_CANDIDATES,
-                              MMA_WALK_CANDIDATES, MMA_WIDE_CANDIDATES,
+                              MMA_WALK_CANDIDATES, MMA_WIDE_CANDIDATES, WGSPAN_CANDIDATES,
                               WGMMA_BY_HEAD_DIM, WGMMA_CANDIDATES, WGMMA_MAX_STAGES,
                               WGMMA_RESCALE_LOG2, WGMMA_SMEM_BUDGET, KernelConfig, candidates,
                               compiled_variants, default_config, has_mma, has_wgmma)
@@ -331,11 +331,19 @@ def test_mma_config_geometry_and_candidates():
     assert candidates("sm_80", 64) == CANDIDATES + MMA_CANDIDATES + MMA_WIDE_CANDIDATES + P + W
     # sm_90 adds the wgmma tile of the head dim (after the mma ones)
     assert candidates("sm_90", 128, 1) == CANDIDATES + MMA_CANDIDATES + (WGMMA_BY_HEAD_DIM[128],)
-    assert candidates("sm_90", 64, 8) == (CANDIDATES + MMA_CANDIDATES + MMA_WIDE_CANDIDATES + P
-                                          + W + (WGMMA_BY_HEAD_DIM[64],))
-    # d=None: every runnable config, so both wgmma tiles
+    # ... and, at d = 64 for a window that spans one of its chunks (window None: any), the
+    # wgspan tile
+    assert candidates("sm_90", 64, 8, -1) == (CANDIDATES + MMA_CANDIDATES + MMA_WIDE_CANDIDATES
+                                              + P + W + (WGMMA_BY_HEAD_DIM[64],))
+    for window in (None, 1, 128, 129):
+        assert candidates("sm_90", 64, 8, window) == candidates("sm_90", 64, 8, -1) + WGSPAN_CANDIDATES
+    assert candidates("sm_90", 64, 8, 130) == candidates("sm_90", 64, 8, -1)  # 137 keys
+    assert candidates("sm_90", 64, 4, 128) == candidates("sm_90", 64, 4, -1)  # pack 8 needs G % 8
+    assert candidates("sm_90", 128, 8, 128) == candidates("sm_90", 128, 8, -1)
+    assert not [c for c in candidates("sm_80", 64, 8, 128) if c.path == "wgspan"]
+    # d=None: every runnable config, so both wgmma tiles and the wgspan tile
     assert candidates("sm_90") == (CANDIDATES + MMA_CANDIDATES + MMA_WIDE_CANDIDATES + P + W
-                                   + WGMMA_CANDIDATES)
+                                   + WGMMA_CANDIDATES + WGSPAN_CANDIDATES)
     assert candidates("sm_80") == candidates("sm_80", 64)
     assert default_config("sm_90").path == "mma" and default_config("gfx90a") == DEFAULT
 
@@ -634,8 +642,10 @@ def test_has_wgmma_truth_table(arch, mma, wgmma):
 
 
 def test_wgmma_candidates_only_on_sm90():
-    """On sm_90 each head dim's sweep ends with its wgmma tile; sm_80 and AMD get none."""
-    assert candidates("sm_90", 64)[-1].name == "wgmma_m16_b64"
+    """On sm_90 each head dim's sweep ends with its wgmma tile (at d = 64 under a window
+    then the wgspan tile); sm_80 and AMD get none."""
+    assert candidates("sm_90", 64, window=-1)[-1].name == "wgmma_m16_b64"
+    assert [c.name for c in candidates("sm_90", 64)[-2:]] == ["wgmma_m16_b64", "wgspan_m4_b136_p8_q4"]
     assert candidates("sm_90", 128)[-1].name == "wgmma_m8_b128_ws"
     assert [c.name for c in candidates("sm_90a", 64) if c.path == "wgmma"] == ["wgmma_m16_b64"]
     assert [c.name for c in candidates("sm_90") if c.path == "wgmma"] == ["wgmma_m16_b64",

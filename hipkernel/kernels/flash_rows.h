@@ -51,10 +51,11 @@ HK_INLINE void mask_scores(float (&s)[NB_S][4], int j0, int t4, const int (&p)[2
 //   p_j = exp2(s2_j - m_new) = exp2(fma(dot_j, c2, -m_new)), one FFMA and one MUFU; an
 //   invisible key (dot = -inf) gives exp2(-inf) = 0 with no select. A row that does not
 //   update has only invisible keys: its shift is 0, so its p are 0 too.
-// acc is scaled by alpha here; the caller adds P.V.
+// acc is scaled by alpha here (not when `fresh`: a row's first tile, whose acc is not set
+// yet and which the caller's P.V overwrites); the caller adds P.V.
 template <int NB_S, int NB_O>
 HK_INLINE void softmax_step(float (&s)[NB_S][4], float (&m)[2], float (&l)[2], float (&o)[NB_O][4],
-                            float c2, bool has_sink, float sig2) {
+                            float c2, bool has_sink, float sig2, bool fresh = false) {
     float m_tile[2] = {hk_neg_inf(), hk_neg_inf()};
 #pragma unroll
     for (int nb = 0; nb < NB_S; ++nb)
@@ -110,6 +111,7 @@ HK_INLINE void softmax_step(float (&s)[NB_S][4], float (&m)[2], float (&l)[2], f
         if (has_sink && update[r]) l[r] += hk_exp2(sig2 - m_new[r]);  // split-KV bug
 #endif
     }
+    if (fresh) return;
 #if RESCALE_LOG2 > 0
     if (rescale)
 #endif

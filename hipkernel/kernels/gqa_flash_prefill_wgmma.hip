@@ -15,8 +15,8 @@
 //   shared        dynamic, KV_STAGES x (K tile + V tile) = KV_STAGES * 4 * BKV * HEAD_DIM
 //                 bytes, then two mbarriers a stage (16 bytes; KernelConfig.
 //                 dynamic_smem_bytes; the launch raises the function's limit above the
-//                 default 48 KiB), BKV x HEAD_DIM halves a tile, in wgmma's no-swizzle
-//                 core-matrix layout (below)
+//                 default 48 KiB), BKV x HEAD_DIM halves a tile, in wgmma's 128-byte
+//                 swizzled layout (below), each tile 1024-byte aligned
 //   pointers      q, k, v, out 16-byte aligned
 //
 // The algorithm is the mma path's, step for step, with the per-row steps in
@@ -463,8 +463,8 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
             hk_wgmma_fence_acc(o);
             hk_wgmma_fence();
 #pragma unroll
-            for (int kc = 0; kc < KC_P; ++kc)  // 16 keys on: two 8-key groups further
-                hk_wgmma<HEAD_DIM, 1, DESC_SW128 | 64u>(o, pa[kc], v_lo + (2048u >> 4) * kc, 1);  // 16 keys on
+            for (int kc = 0; kc < KC_P; ++kc)  // 16 keys on: two 8-key groups of 1024 bytes
+                hk_wgmma<HEAD_DIM, 1, DESC_SW128 | 64u>(o, pa[kc], v_lo + (2048u >> 4) * kc, 1);
             hk_wgmma_commit();
             hk_wgmma_wait<0>();
             hk_wgmma_fence_acc(o);

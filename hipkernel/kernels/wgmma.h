@@ -8,13 +8,20 @@
 // the mma.sync m16n8k16 fragments of portable.h: A as a0..a3, D as one {c0, c1, c2, c3} per
 // 8 columns, d[n8][e] = (row g + 8 (e >> 1), col 8 n8 + 2 t4 + (e & 1)).
 //
-// Shared-memory operand layout: no swizzle ("interleave"), built of core matrices of 8 rows
-// x 16 bytes (8 halves), each stored as 128 contiguous bytes (row r at byte 16 r). The
-// descriptor gives the start address and two strides in bytes:
-//   K-major B (B[k][n] at n-row, k contiguous):   LBO = between core matrices along K,
-//                                                 SBO = between core matrices along N
-//   MN-major B (B[k][n] at k-row, n contiguous):  LBO = between core matrices along K,
-//                                                 SBO = between core matrices along N
+// Shared-memory operand layouts (the descriptor's mode, bits 62-63, names one; the start
+// address and two strides in bytes, LBO and SBO, place it):
+//   no swizzle ("interleave", mode 0): core matrices of 8 rows x 16 bytes (8 halves), each
+//     128 contiguous bytes (row r at byte 16 r);
+//       K-major B (B[k][n] at n-row, k contiguous):  LBO = between core matrices along K,
+//                                                    SBO = between core matrices along N
+//       MN-major B (B[k][n] at k-row, n contiguous): LBO = between core matrices along K,
+//                                                    SBO = between core matrices along N
+//   128-byte swizzle (mode 1, what the wgmma kernel uses): rows of 128 bytes (64 halves of
+//     the contiguous dimension), 8 rows to a 1024-byte atom that must start on a 1024-byte
+//     boundary; the hardware stores 16-byte chunk c of row r at chunk c ^ (r % 8);
+//       K-major B: SBO = between 8-row groups along N; LBO unused (1); a step along K
+//                  within the 128 bytes moves the start address
+//       MN-major B: SBO = between 8-row groups along K; LBO = between 64-wide blocks along N
 // (the transposed form is selected by the instruction's imm-trans-b = 1).
 //
 // The instructions are asynchronous: an accumulator may be read only after the group that
@@ -25,12 +32,12 @@
 #error "wgmma.h needs the sm_90a target (--gpu-architecture=sm_90a)"
 #endif
 
-// Descriptor of a no-swizzle shared-memory operand starting at shared address `addr`
-// (16-byte aligned); lbo, sbo in bytes (multiples of 16). Bits: [0,14) addr >> 4,
-// [16,30) lbo >> 4, [32,46) sbo >> 4, base offset 0, swizzle mode (bits 62-63) 0. The
-// wgmma functions below take its two 32-bit words apart: the low word (hk_wgmma_desc_lo),
-// which moves with the stage a tile sits in, and the high word SBO >> 4, a constant of the
-// layout (a template argument). Adding (bytes >> 4) to a low word moves its start address:
+// Descriptor of a shared-memory operand starting at shared address `addr` (16-byte aligned);
+// lbo, sbo in bytes (multiples of 16). Bits: [0,14) addr >> 4, [16,30) lbo >> 4, [32,46)
+// sbo >> 4, base offset 0, the layout's mode in bits 62-63. The wgmma functions below take
+// its two 32-bit words apart: the low word (hk_wgmma_desc_lo), which moves with the stage a
+// tile sits in, and the high word (SBO >> 4 | mode << 30), a constant of the layout (a
+// template argument). Adding (bytes >> 4) to a low word moves its start address:
 // a shared address is under 2^18, so the sum stays inside the 14-bit field. (Built whole
 // and passed as one 64-bit operand, ptxas rebuilt both words before every instruction.)
 HK_INLINE unsigned int hk_wgmma_desc_lo(unsigned int addr, unsigned int lbo) {
@@ -155,10 +162,25 @@ HK_INLINE void hk_wgmma_n128(float (&d)[16][4], const unsigned int (&a)[4], unsi
           "n"(TRANS_B));
 }
 
-// D += A * B for N in {32, 64, 128}; B by descriptor, low word desc_lo, high word DESC_HI.
+// n = 8: the span kernel's last 8 keys of a 136- or 72-key chunk (gqa_flash_prefill_wgspan.hip).
+template <int TRANS_B, unsigned int DESC_HI>
+HK_INLINE void hk_wgmma_n8(float (&d)[1][4], const unsigned int (&a)[4], unsigned int desc_lo,
+                           int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\n.reg .b32 dh;\n.reg .b64 db;\nsetp.ne.b32 p, %8, 0;\n"
+        "mov.b32 dh, %10;\nmov.b64 db, {%9, dh};\n"
+        "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, db, p, 1, 1, %11;\n}"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "r"(desc_lo), "n"(DESC_HI),
+          "n"(TRANS_B));
+}
+
+// D += A * B for N in {8, 32, 64, 128}; B by descriptor, low word desc_lo, high word DESC_HI.
 template <int N, int TRANS_B, unsigned int DESC_HI>
 HK_INLINE void hk_wgmma(float (&d)[N / 8][4], const unsigned int (&a)[4], unsigned int desc_lo, int accumulate) {
-    if constexpr (N == 32) hk_wgmma_n32<TRANS_B, DESC_HI>(d, a, desc_lo, accumulate);
+    if constexpr (N == 8) hk_wgmma_n8<TRANS_B, DESC_HI>(d, a, desc_lo, accumulate);
+    else if constexpr (N == 32) hk_wgmma_n32<TRANS_B, DESC_HI>(d, a, desc_lo, accumulate);
     else if constexpr (N == 64) hk_wgmma_n64<TRANS_B, DESC_HI>(d, a, desc_lo, accumulate);
     else hk_wgmma_n128<TRANS_B, DESC_HI>(d, a, desc_lo, accumulate);
 }
