@@ -17,7 +17,8 @@ A variant is ``[LABEL=]REV@CONFIG[+MACRO=VALUE...]``:
     +M=V    a ``-D`` macro added or overridden (``KV_STAGES``, ``LOOKAHEAD``, ``MIN_BLOCKS``,
             ``PRODUCER_REGS``, ...); not the ones that fix the geometry (HEAD_DIM, M_TILES,
             BKV, WARP_M, WS, PACK, QWALK: choose another config); KV_STAGES also sizes the dynamic shared
-            memory of a wgmma variant
+            memory of a wgmma or wgspan variant, and SMEM_PLUS=n adds n bytes to it (for a
+            variant that keeps more in shared memory than its config says)
 
 Every variant of a shape runs on one set of resident inputs (``hipkernel.timing.Resident``,
 per-head sink): kernel-only time (``timing.burst_ms``: n back-to-back launches between two
@@ -79,12 +80,14 @@ class Variant:
         return {**api.kernel_defines(d, self.config), **self.macros}
 
     def shared_mem(self, d: int) -> int:
-        """The dynamic shared memory of a launch: the config's, with KV_STAGES overridden."""
+        """The dynamic shared memory of a launch: the config's, with KV_STAGES overridden,
+        plus SMEM_PLUS bytes (a variant that keeps more in shared memory than its config)."""
         stages = self.macros.get("KV_STAGES")
+        plus = self.macros.get("SMEM_PLUS", 0)
         if stages is None or self.config.path not in WGMMA_PATHS:
-            return self.config.dynamic_smem_bytes(d)
+            return self.config.dynamic_smem_bytes(d) + plus
         per_stage = self.config.dynamic_smem_bytes(d) // self.config.kv_stages(d)
-        return stages * per_stage
+        return stages * per_stage + plus
 
 
 def parse_variant(spec: str) -> Variant:
@@ -109,6 +112,9 @@ def parse_variant(spec: str) -> Variant:
         macros[name] = int(value)
     if "KV_STAGES" in macros and (config.path not in WGMMA_PATHS or macros["KV_STAGES"] < 1):
         raise ValueError(f"variant {spec!r}: KV_STAGES is a wgmma-path macro (wgmma, wgspan; >= 1)")
+    if "SMEM_PLUS" in macros and (config.path not in WGMMA_PATHS or macros["SMEM_PLUS"] < 0):
+        raise ValueError(f"variant {spec!r}: SMEM_PLUS is extra dynamic shared memory (bytes "
+                         f">= 0) of a wgmma or wgspan variant")
     label = m.group("label") or spec.strip()
     return Variant(label, m.group("rev"), config, macros)
 

@@ -251,7 +251,7 @@ HIPKERNEL_BAD = [
     ("config-m-tiles-3", "config: m_tiles: expected one of (1, 2, 4, 8), got 3", _set(config={"m_tiles": 3})),
     ("config-bkv-48", "config: bkv: expected one of (16, 32, 64, 128), got 48", _set(config={"bkv": 48})),
     ("config-path-unknown",
-     "config: path: expected one of ('scalar', 'mma', 'wgmma', 'wmma', 'mfma'), got 'xmma'",
+     "config: path: expected one of ('scalar', 'mma', 'wgmma', 'wgspan', 'wmma', 'mfma'), got 'xmma'",
      _set(config={"path": "xmma"})),
     ("config-warp-m-scalar", "config: warp_m: 2 row groups a warp needs path 'mma'",
      _set(config={"warp_m": 2})),

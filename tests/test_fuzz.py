@@ -398,7 +398,8 @@ def test_fuzz_covers_the_mma_path_where_the_arch_has_it():
     assert rep["ok"], rep["failures"]
     assert any(name.startswith("mma_") for name in rep["configs"])
     assert any(name.startswith("wgmma_") for name in rep["configs"])  # sm_90: wgmma too
-    assert {l["kernel"]["PATH"] for l in be.launches} == {"scalar", "mma", "wgmma"}
+    assert {l["kernel"]["PATH"] for l in be.launches} <= {"scalar", "mma", "wgmma", "wgspan"}
+    assert {"scalar", "mma", "wgmma"} <= {l["kernel"]["PATH"] for l in be.launches}
     sm80 = ModelBackend(arch="sm_80")  # tensor cores without wgmma
     rep80 = reliability.fuzz(sm80, n=8, seed=4, max_cost=20_000)
     assert rep80["ok"], rep80["failures"]
@@ -535,19 +536,22 @@ def test_sanitize_target_runs_every_case_and_restores_the_env(suite_dir, monkeyp
         reliability.sanitize_target(["tiny"], backend=be, cache="loose")
     # tensor cores: the mma defaults (16 and 32 rows a warp, packed heads: PACK 2 at these
     # cases' G = 2, and packed heads walking 4 Q tiles a block) too, and on sm_90 the wgmma
-    # tile of the head dim
+    # tile of the head dim and (d = 64) the wgspan tile, packed as G = 2 allows: PACK 2 and
+    # its walk cut to one step
     sm90 = ModelBackend(arch="sm_90")
     assert reliability.sanitize_target(["tiny"], backend=sm90, judge=True) == 0
-    assert {l["kernel"]["PATH"] for l in sm90.launches} == {"scalar", "mma", "wgmma"}
-    assert sum(l["kernel"].get("WARP_M") == 2 for l in sm90.launches) == 2  # both d=64 cases
-    assert sum(l["kernel"].get("PACK") == 2 and "QWALK" not in l["kernel"]
-               for l in sm90.launches) == 2
-    assert sum(l["kernel"].get("QWALK") == 4 for l in sm90.launches) == 2  # both d=64 cases
+    assert {l["kernel"]["PATH"] for l in sm90.launches} == {"scalar", "mma", "wgmma", "wgspan"}
+    mma = [l["kernel"] for l in sm90.launches if l["kernel"]["PATH"] == "mma"]
+    assert sum(k.get("WARP_M") == 2 for k in mma) == 2  # both d=64 cases
+    assert sum(k.get("PACK") == 2 and "QWALK" not in k for k in mma) == 2
+    assert sum(k.get("QWALK") == 4 for k in mma) == 2  # both d=64 cases
     wg = WGMMA_BY_HEAD_DIM[64]
     assert [(l["kernel"]["M_TILES"], l["kernel"]["BKV"]) for l in sm90.launches
             if l["kernel"]["PATH"] == "wgmma"] == [(wg.m_tiles, wg.bkv)] * 2  # both d=64 cases
-    assert "13 calls, 0 bad" in capsys.readouterr().out
-    sm80 = ModelBackend(arch="sm_80")  # mma, no wgmma: two fewer calls
+    assert [(k["M_TILES"], k["BKV"], k.get("PACK"), k.get("QWALK")) for k in
+            (l["kernel"] for l in sm90.launches) if k["PATH"] == "wgspan"] == [(4, 136, 2, None)] * 2
+    assert "15 calls, 0 bad" in capsys.readouterr().out
+    sm80 = ModelBackend(arch="sm_80")  # mma, no wgmma or wgspan: four fewer calls
     assert reliability.sanitize_target(["tiny"], backend=sm80, judge=True) == 0
     assert {l["kernel"]["PATH"] for l in sm80.launches} == {"scalar", "mma"}
     assert "11 calls, 0 bad" in capsys.readouterr().out

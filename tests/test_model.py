@@ -159,7 +159,14 @@ def test_window_at_least_skv_is_full_causal():
 def test_unseen_storage_cannot_change_output(cfg):
     """Cache padding past skv and keys below every row's window hold NaN in one run and
     large finite garbage in the other; the outputs must be bitwise equal."""
-    s = Shape("canary", Sq=70, past=100, window=20, sink="per_head", config=cfg)
+    outs = canary_outputs(Shape("canary", Sq=70, past=100, window=20, sink="per_head", config=cfg))
+    assert not np.isnan(outs[0]).any()
+    assert np.array_equal(outs[0], outs[1])
+
+
+def canary_outputs(s: Shape) -> list:
+    """The model's output for ``s`` with the keys below every row's window and the cache
+    padding past skv set to NaN, then to large finite garbage."""
     q, k, v, sink = make(s)
     lowest = s.past - s.window + 1  # the first key any row can see
     assert lowest > 0
@@ -169,9 +176,8 @@ def test_unseen_storage_cannot_change_output(cfg):
         for x in (kk, vv):
             x[:, :, :lowest] = fill
             x[:, :, s.skv:] = fill
-        outs.append(model.attention(q, kk, vv, config=cfg, **kwargs(s, sink)))
-    assert not np.isnan(outs[0]).any()
-    assert np.array_equal(outs[0], outs[1])
+        outs.append(model.attention(q, kk, vv, config=s.config, **kwargs(s, sink)))
+    return outs
 
 
 # ---- mutants -----------------------------------------------------------------------------

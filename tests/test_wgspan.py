@@ -13,7 +13,7 @@ from hipkernel import model
 from hipkernel.config import (EQUIVALENT_ON_PATH, HEAD_DIMS, WGSPAN_CANDIDATES, KernelConfig,
                               config_from_name)
 from refattn.mutants import MUTANTS
-from tests.test_model import (KILLERS, SHAPES, Shape, assert_close, killed, kwargs, make,
+from tests.test_model import (KILLERS, SHAPES, Shape, assert_close, canary_outputs, killed,
                               run_model, run_reference)
 
 SPAN = WGSPAN_CANDIDATES[0]  # wgspan_m4_b136_p8_q4
@@ -104,16 +104,8 @@ def test_unseen_storage_cannot_change_output(cfg):
     """Keys below the block's window and the cache padding hold NaN in one run and large
     finite garbage in the other: bitwise equal outputs (a round holds keys that are below
     some units' windows but not the block's: real keys, which p = 0 multiplies)."""
-    s = on_span(Shape("canary", Sq=70, Hq=16, Hkv=2, past=100, window=20, sink="per_head"), cfg)
-    q, k, v, sink = make(s)
-    lowest = s.past - s.window + 1
-    outs = []
-    for fill in (np.nan, 3e4):
-        kk, vv = k.copy(), v.copy()
-        for x in (kk, vv):
-            x[:, :, :lowest] = fill
-            x[:, :, s.skv:] = fill
-        outs.append(model.attention(q, kk, vv, config=s.config, **kwargs(s, sink)))
+    outs = canary_outputs(on_span(Shape("canary", Sq=70, Hq=16, Hkv=2, past=100, window=20,
+                                        sink="per_head"), cfg))
     assert not np.isnan(outs[0]).any()
     assert np.array_equal(outs[0], outs[1])
 
