@@ -324,7 +324,7 @@ class KernelConfig:
     def fits(self, d: int) -> bool:
         """Whether this config compiles at head dim ``d``: its shared memory fits (48 KiB
         of static memory; on the wgmma path, its minimum of K/V stages in its budget: 2 on
-        mbarriers (four warpgroups, or ws), else 1)."""
+        mbarriers (four warpgroups, or ws), else 1; on the wgspan path one round buffer)."""
         if self.path in WGMMA_PATHS:
             return self._wgmma_min_stages * self._kv_tile_bytes(d) <= self._smem_limit
         return self.smem_bytes(d) <= self._smem_limit
@@ -444,14 +444,15 @@ WGMMA_CANDIDATES = tuple(WGMMA_BY_HEAD_DIM.values())
 # of them; a block of one warpgroup walks 4 such steps over keys it stages once. Offered for
 # the windows whose span fits one chunk (``KernelConfig.spans_window``), at d = 64 (at d = 128
 # G = 4 packs 4 heads, 16 positions, whose 143 keys do not fit). On the H200, same process
-# (reports/wip/session25/ab-wgspan-walk.json): 16384@0 window 128 0.1751 ms against 0.2341
-# for mma_m4_b32_p8_q4; walking 1, 2 and 8 steps 0.2113, 0.2018, 0.1773.
+# (reports/ab/wgspan-walk-w128.json, before the block-wise mask): 16384@0 window 128 0.1751
+# ms against 0.2341 for mma_m4_b32_p8_q4; walking 1, 2 and 8 steps 0.2113, 0.2018, 0.1773;
+# with the mask 0.1706 (reports/ab/wgspan-mask-fresh-w128.json).
 WGSPAN_CANDIDATES = (KernelConfig(4, 136, "wgspan", pack=8, walk=4),)
 WGSPAN_HEAD_DIMS = (64,)
 
 # Mutants (refattn.mutants) that cannot change any output of one path, with the argument; a
 # forced kill matrix of that path counts them as equivalent, as the catalogue's ``equivalent``
-# does on every path. tests/test_model.py checks the claim on the model.
+# does on every path. tests/test_wgspan.py checks the claim on the model.
 EQUIVALENT_ON_PATH = {
     "wgspan": {
         "no_nan_guard": "no chunk of the wgspan path precedes a row's first visible key (a "

@@ -41,9 +41,10 @@ from hipkernel.config import (AMD_MMA_BKV, AMD_MMA_M_TILES, AMD_MMA_WAVE, CANDID
 
 # Every tensor-core config the checks force: mma with one warp per 16 rows, with 32 rows a
 # warp (warp_m = 2), with packed heads and with packed heads walking Q tiles, wgmma (a
-# warpgroup per 64 rows), wgspan (window chunks a warpgroup), and the AMD matrix-core kernel's first wmma and mfma configs, which
-# run here through their emulation (kernels/amd_mma.h): the matrix and the kill matrix check
-# them, the sweep does not time them. --configs narrows it.
+# warpgroup per 64 rows), wgspan (a warpgroup's window chunks), and the AMD matrix-core
+# kernel's first wmma and mfma configs, which run here through their emulation
+# (kernels/amd_mma.h): the matrix and the kill matrix check them, the sweep does not time
+# them. --configs narrows it.
 AMD_CHECKED = (WMMA_CANDIDATES[0], MFMA_CANDIDATES[0])
 MMA_ALL = (MMA_CANDIDATES + MMA_WIDE_CANDIDATES + MMA_PACK_CANDIDATES + MMA_WALK_CANDIDATES
            + WGMMA_CANDIDATES + WGSPAN_CANDIDATES + AMD_CHECKED)
@@ -210,12 +211,11 @@ def section_sweep(out: Path) -> list:
 
 def _kill_matrix(cfg: KernelConfig) -> tuple[str, dict]:
     """One forced config's kill matrix over seed + extended: (printed grid and verdict, JSON)."""
-    from refattn.cases import load_suites
-    from refattn.killmatrix import format_grid, run_kill_matrix
-
     from dataclasses import replace
 
     from hipkernel.config import EQUIVALENT_ON_PATH
+    from refattn.cases import load_suites
+    from refattn.killmatrix import format_grid, run_kill_matrix
 
     km = run_kill_matrix(lambda mutants: ForcedKernel(cfg, mutants=mutants),
                          load_suites(["seed", "extended"]))
