@@ -176,8 +176,8 @@ def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str]) -> np.ndar
     order = np.argsort(kvh, kind="stable")
     qg = q[:, :, order, :].astype(_F32).transpose(0, 2, 1, 3).reshape(B, Hkv, G, Sq, d)
     # Keys that any tile can load: all of [0, skv), and under tail_unmasked the raw rest of
-    # the last tile (within the cache).
-    n_load = min(S_cap, skv + PV_KEYS + BKV if span else -(-skv // BKV) * BKV)
+    # the last tile (within the cache); a wgspan chunk starts below skv and P.V reads PV_KEYS.
+    n_load = min(S_cap, skv + PV_KEYS if span else -(-skv // BKV) * BKV)
     k32 = k[:, :, :n_load].astype(_F32)
     v32 = v[:, :, :n_load].astype(_F32)
     load_hi = n_load if "tail_unmasked" in mut else skv  # keys at j >= load_hi read as 0
