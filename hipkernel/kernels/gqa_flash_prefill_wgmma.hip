@@ -92,7 +92,19 @@
 #endif
 #else
 #define NTHREADS NCONSUMERS
+// LOAD_RR (the self-loading mbarrier pipeline, four warpgroups): the warpgroups load the
+// tiles in turn, tile t by warpgroup (t - t0) % 4, 8 copies a thread, instead of every thread
+// 2 copies of each; a tile's full barrier then counts one warpgroup's arrivals. On the H200
+// (wgmma_m16_b64, same process, bit-identical) 16384@0 ran 5.072 / 5.087 ms against 5.156 /
+// 5.128, 512@8192 0.1557 / 0.1554 against 0.1603 / 0.1606 (reports/ab/wgmma-load-rr-d64.json).
+#ifndef LOAD_RR
+#define LOAD_RR (M_TILES >= 16)
+#endif
+#if LOAD_RR
+#define LOADERS 128
+#else
 #define LOADERS NTHREADS           // every thread loads its share of each tile
+#endif
 #endif
 #define VPR (HEAD_DIM / 8)        // 16-byte vectors per K/V row
 #define TILE_BYTES (BKV * HEAD_DIM * 2)
@@ -134,10 +146,13 @@
 // 0.2060 ms) and 16384@0 0.5 % (6.281 against 6.319); with the producer at d 128 it did
 // not pay (docs/performance.md). Off since the swizzled layout: with the shared pipe no
 // longer taken by the copies, it cost 2.6 % at 16384@0 (5.274 / 5.307 ms against 5.137 /
-// 5.163 without) and 2 % at 512@8192 (reports/ab/wgmma-swizzle-tune-d64.json).
+// 5.163 without) and 2 % at 512@8192 (reports/ab/wgmma-swizzle-tune-d64.json). With the
+// producer (d 128, wgmma_m8_b128_ws) it pays on the swizzled layout: 16384@0 4.588 / 4.606 ms
+// against 4.688 / 4.696, 512@8192 0.1370 / 0.1371 against 0.1407 / 0.1409
+// (reports/ab/wgmma-pingpong-ws-d128.json): on with WS, off without.
 #define NWG (M_TILES / 4)  // warpgroups that own rows
 #ifndef PINGPONG
-#define PINGPONG 0
+#define PINGPONG (WS ? 1 : 0)
 #endif
 #if PINGPONG && NWG < 2
 #error "PINGPONG passes a token between warpgroups: M_TILES >= 8"
@@ -330,7 +345,7 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     const unsigned int v_lo0 = hk_wgmma_desc_lo(v_s0, HEAD_DIM > 64 ? CBLOCK_BYTES : 1024u);
     if (((k_s0 | v_s0) & 1023u) != 0) __trap();  // the swizzle needs 1024-byte aligned tiles
 #if !WS
-    auto load_share = [&](int t, int st) { load_tile(kg, vg, k_s0, v_s0, t, st, tid, kv_start, skv, S_cap); };
+    auto load_share = [&](int t, int st) { load_tile(kg, vg, k_s0, v_s0, t, st, LOAD_RR ? tid % LOADERS : tid, kv_start, skv, S_cap); };
 #endif
 
     // A stage's mbarriers complete one phase per round of the stages: tile t (the jt-th
@@ -362,14 +377,14 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
         if (tid == 0) {
 #pragma unroll
             for (int i = 0; i < KV_STAGES; ++i) {
-                hk_mbar_init(full0 + 8u * i, NTHREADS);
+                hk_mbar_init(full0 + 8u * i, LOADERS);  // one warpgroup's arrivals under LOAD_RR
                 hk_mbar_init(empty0 + 8u * i, NTHREADS);
             }
         }
         hk_sync();
 #pragma unroll
         for (int i = 0; i < LOOKAHEAD; ++i) {
-            if (t0 + i < t_end) {
+            if (t0 + i < t_end && (!LOAD_RR || i % NWG == (warp >> 2))) {
                 load_share(t0 + i, i);
                 hk_mbar_arrive_cp_async(full0 + 8u * i);
             }
@@ -377,12 +392,23 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     };
     int sn = LOOKAHEAD;         // the stage of tile t + LOOKAHEAD ...
     unsigned int round_n = 0;   // ... and its round
+#if LOAD_RR
+    int ld_wg = LOOKAHEAD % NWG;  // ... and the warpgroup that loads it
+#endif
     auto acquire = [&](int t, int st, unsigned int round) {
         if (t + LOOKAHEAD < t_end) {  // tile t + LOOKAHEAD, once its stage is free
-            if (round_n > 0) hk_mbar_wait(empty0 + 8u * sn, (round_n - 1) & 1);
-            load_share(t + LOOKAHEAD, sn);
-            hk_mbar_arrive_cp_async(full0 + 8u * sn);
+#if LOAD_RR
+            if (ld_wg == (warp >> 2))
+#endif
+            {
+                if (round_n > 0) hk_mbar_wait(empty0 + 8u * sn, (round_n - 1) & 1);
+                load_share(t + LOOKAHEAD, sn);
+                hk_mbar_arrive_cp_async(full0 + 8u * sn);
+            }
             if (++sn == KV_STAGES) sn = 0, ++round_n;
+#if LOAD_RR
+            if (++ld_wg == NWG) ld_wg = 0;
+#endif
         }
         hk_mbar_wait(full0 + 8u * st, round & 1);  // tile t has landed
         hk_fence_proxy_async();  // the copies, visible to wgmma's operand reads
