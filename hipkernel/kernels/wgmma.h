@@ -16,9 +16,9 @@
 //                                                    SBO = between core matrices along N
 //       MN-major B (B[k][n] at k-row, n contiguous): LBO = between core matrices along K,
 //                                                    SBO = between core matrices along N
-//   128-byte swizzle (mode 1, what the wgmma kernel uses): rows of 128 bytes (64 halves of
-//     the contiguous dimension), 8 rows to a 1024-byte atom that must start on a 1024-byte
-//     boundary; the hardware stores 16-byte chunk c of row r at chunk c ^ (r % 8);
+//   128-byte swizzle (mode 1, what the wgmma and wgspan kernels use): rows of 128 bytes
+//     (64 halves of the contiguous dimension), 8 rows to a 1024-byte atom that must start on
+//     a 1024-byte boundary; the hardware stores 16-byte chunk c of row r at chunk c ^ (r % 8);
 //       K-major B: SBO = between 8-row groups along N; LBO unused (1); a step along K
 //                  within the 128 bytes moves the start address
 //       MN-major B: SBO = between 8-row groups along K; LBO = between 64-wide blocks along N
