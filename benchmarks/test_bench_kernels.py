@@ -1,5 +1,5 @@
 """GPU benchmarks: the fused kernel (hipkernel) against torch's attention kernels, timed in
-one process on the same inputs. The pytest face of ``refattn bench`` (``refattn/bench.py``
+one process on the same inputs. The pytest face of ``refattn bench`` (``hipkernel/bench.py``
 holds the setup, the peers' configuration and the checks; this file only drives it).
 
 Not collected by the default ``pytest`` run (testpaths = tests), and skipped, with the
@@ -29,7 +29,11 @@ host launch overhead is outside the events): they are in each test's ``extra_inf
 (``device_ms``, ``tflops``) and in the summary table printed at the end of the module,
 with the fp16 GEMM and copy ceilings of the same run, the ratio to the best peer and the
 issue's targets. pytest-benchmark's own columns time the same call plus a device
-synchronize on the host clock, so they include launch and synchronize overhead.
+synchronize on the host clock, so they include launch and synchronize overhead. Each test
+times its implementation in one burst (pytest runs them one after another), where
+``refattn bench`` splits the calls over interleaved rounds so that every implementation
+meets the same clock drift (``hipkernel/bench.py``, "Interleaved rounds"): under the H200's
+power cap the bench's ratios are the ones to quote.
 
 A missed target is reported as MISS in the summary; with ``REFATTN_BENCH_STRICT=1`` it fails
 the hipkernel test (wall-clock targets are not gated by default).

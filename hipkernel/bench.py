@@ -67,6 +67,18 @@ backend's own events time hipkernel (launch overhead included) and the peers are
 Calls run back to back on the same inputs, so K/V may be L2-resident; that holds for every
 implementation alike.
 
+**Interleaved rounds.** The ``--reps`` timed calls of each implementation are split over
+``--rounds`` rounds (default 3); each round times every implementation in turn (hipkernel
+with and without the sink, then each peer that passed its check), the order rotated one
+place a round, and the median is taken over all of an implementation's calls. An H200
+running a long full-attention shape back to back sits at its power cap, and its SM clock
+drifts over seconds (1860-1875 MHz, dips to 1620, against 1980 idle, in session 25's
+sampling): timed one after another in one burst each, the implementations met different
+clocks. In the record that made this the default (kernel ``b4bdd5e4``, one burst each),
+hipkernel's d128 16384@0 took 4.129 ms with the sink and 4.575 without, for nearly the
+same work, and cuDNN's time on that shape moved from 3.469 ms in the record before to
+4.063. ``--rounds 1`` is the old order (one burst each).
+
 FLOPs (useful work only, what FlashAttention's benchmarks count)::
 
     FLOPs = 4 * d * Hq * B * sum_rows(visible keys of the row)
@@ -110,6 +122,7 @@ FLOP_FORMULA = ("FLOPs = 4 * d * Hq * B * sum_rows(visible keys of the row); row
 MATCH_REL_L2 = 2e-3  # a peer whose output is further than this from hipkernel's is not timed
 MIN_REPS = 20
 DEFAULT_REPS, DEFAULT_WARMUP = 30, 5
+DEFAULT_ROUNDS = 3  # interleaved rounds (module docstring, "Interleaved rounds")
 LN2 = math.log(2.0)  # flex's kernel keeps the LSE in base 2: ln Z = log2 Z * ln 2
 
 # Head geometries, B = 1, fp16.
@@ -278,8 +291,9 @@ def _kernel_name(text: str) -> str:
 def peer_result(status: str, *, ms: float | None = None, flops: float | None = None,
                 reason: str = "", variant: str = "", rel_l2: float | None = None,
                 rejected: list[str] | None = None, sink: bool = False) -> dict:
-    """One peer on one shape. ``status``: ``ok`` (timed), ``n/a`` (cannot run this shape, or
-    not available), ``mismatch`` (ran, but its output is not hipkernel's: not timed)."""
+    """One peer on one shape. ``status``: ``ok`` (its output matched hipkernel's; ``ms`` once
+    timed), ``n/a`` (cannot run this shape, or not available), ``mismatch`` (ran, but its
+    output is not hipkernel's: not timed)."""
     return {"status": status, "ms": ms,
             "tflops": flops / ms / 1e9 if ms and flops else None,
             "sink": sink, "variant": variant, "rel_l2": rel_l2, "reason": reason,
@@ -384,7 +398,10 @@ def format_report(body: dict, peers: list[str] | None = None) -> str:
              f"({body.get('arch', '?')}), torch {body.get('torch') or 'not importable'}",
              FLOP_FORMULA,
              f"timing: median of {body['timing'].get('reps')} calls after "
-             f"{body['timing'].get('warmup')} warm-up calls; {body['timing'].get('method', '')}"]
+             f"{body['timing'].get('warmup')} warm-up calls"
+             + (f", in {body['timing']['rounds']} interleaved rounds"
+                if (body['timing'].get('rounds') or 1) > 1 else "")
+             + f"; {body['timing'].get('method', '')}"]
     avail = body.get("peers_available") or {}
     if avail:
         lines.append("peers: " + "; ".join(f"{n} {'yes' if v['available'] else 'no'} ({v['reason']})"
@@ -643,6 +660,7 @@ class Env:
     warmup: int
     reps: int
     requested: list[str]
+    rounds: int = 1                            # interleaved rounds (bench_shape)
     torch: object = None
     torch_reason: str | None = None
     peers: dict = field(default_factory=dict)  # peers_available()
@@ -674,12 +692,47 @@ class Env:
 
 
 def make_env(be, *, kernel: str = "hipkernel", peers=PEERS, warmup: int = DEFAULT_WARMUP,
-             reps: int = DEFAULT_REPS, log=None) -> Env:
+             reps: int = DEFAULT_REPS, rounds: int = DEFAULT_ROUNDS, log=None) -> Env:
     T, reason = probe_torch()
     timer = TorchEventTimer(T) if T is not None else BackendEventTimer(be)
-    return Env(be=be, kernel=kernel, timer=timer, warmup=warmup, reps=reps,
+    return Env(be=be, kernel=kernel, timer=timer, warmup=warmup, reps=reps, rounds=rounds,
                requested=list(peers), torch=T, torch_reason=reason,
                peers=peers_available(list(peers), T, reason), log=log)
+
+
+def round_reps(reps: int, rounds: int) -> list[int]:
+    """``reps`` timed calls split over ``rounds`` rounds as evenly as they go, the larger
+    shares first: ``round_reps(30, 4) == [8, 8, 7, 7]``."""
+    if rounds < 1 or reps < rounds:
+        raise ValueError(f"rounds: expected 1 <= rounds <= reps ({reps}), got {rounds}")
+    return [reps // rounds + (1 if r < reps % rounds else 0) for r in range(rounds)]
+
+
+def time_interleaved(timer, fns: dict, *, warmup: int, reps: int, rounds: int,
+                     on_error=None) -> dict[str, list[float]]:
+    """Time every ``fns[name]`` (a callable, or ``(callable, context factory)``) for ``reps``
+    calls in all, over ``rounds`` rounds: round r times each in turn, the order of ``fns``
+    rotated r places, ``round_reps(reps, rounds)[r]`` calls after ``warmup`` untimed ones.
+    Returns each name's times in call order. A name whose timing raises is dropped from the
+    later rounds and from the result; ``on_error(name, exc)`` is told."""
+    names = list(fns)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    failed: set[str] = set()
+    for r, n_r in enumerate(round_reps(reps, rounds)):
+        k = r % len(names) if names else 0
+        for name in names[k:] + names[:k]:
+            if name in failed:
+                continue
+            fn = fns[name]
+            fn, context = fn if isinstance(fn, tuple) else (fn, contextlib.nullcontext)
+            try:
+                with context():
+                    times[name] += timer(fn, warmup=warmup, reps=n_r)
+            except Exception as e:  # noqa: BLE001 - the others go on; the caller reports it
+                failed.add(name)
+                if on_error is not None:
+                    on_error(name, e)
+    return {n: t for n, t in times.items() if n not in failed}
 
 
 def _short(e: BaseException, caught=()) -> str:
@@ -885,6 +938,52 @@ class ShapeBench:
     # ---- peers -----------------------------------------------------------------------------
     def peer(self, name: str) -> dict:
         """Check ``name``'s output against hipkernel's, then time it; the result is kept."""
+        res = self.check_peer(name)
+        if res["status"] == "ok":
+            call = self.calls[name]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                with call.context():
+                    times = self.env.timer(call.fn, warmup=self.env.warmup, reps=self.env.reps)
+            res = self.timed_peer(name, times)
+        return res
+
+    def timed_peer(self, name: str, times: list[float]) -> dict:
+        """``name``'s checked result with its timing filled in (and kept)."""
+        res = dict(self.peers[name])
+        r = timing_result(times, self.flops)
+        res.update(ms=r["ms"], tflops=r["tflops"])
+        self.peers[name] = res
+        return res
+
+    def time_all(self, names: list[str]) -> None:
+        """hipkernel in both sink modes and the peers in ``names`` that passed their check
+        (``check_peer``), timed in the env's interleaved rounds (``time_interleaved``)."""
+        fns = {f"hipkernel:{m}": self.calls[f"hipkernel:{m}"].fn for m in ("per_head", "none")}
+        fns.update({n: (self.calls[n].fn, self.calls[n].context) for n in names
+                    if self.peers.get(n, {}).get("status") == "ok" and n in self.calls})
+        errors: dict[str, str] = {}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            times = time_interleaved(self.env.timer, fns, warmup=self.env.warmup,
+                                     reps=self.env.reps, rounds=self.env.rounds,
+                                     on_error=lambda n, e: errors.__setitem__(n, _short(e)))
+        for mode in ("per_head", "none"):
+            key = f"hipkernel:{mode}"
+            if key in errors:
+                raise RuntimeError(f"hipkernel ({mode}) failed while timed: {errors[key]}")
+            self.hk[mode] = timing_result(times[key], self.flops)
+        for n in fns:
+            if n in errors:
+                self.peers[n] = peer_result("n/a", sink=PEER_SINK[n], reason=f"failed while "
+                                            f"timed: {errors[n]}")
+            elif not n.startswith("hipkernel:"):
+                self.timed_peer(n, times[n])
+
+    def check_peer(self, name: str) -> dict:
+        """Find the way of calling ``name`` whose output matches hipkernel's, without timing
+        it: status ``ok`` (its call kept in ``calls``, ``ms`` still None), ``mismatch`` or
+        ``n/a``; the result is kept."""
         sink = PEER_SINK[name]
         if not self.env.can_run(name):
             res = peer_result("n/a", reason=self.env.peers.get(name, {}).get("reason", "not available"),
@@ -894,13 +993,13 @@ class ShapeBench:
                               "mask would still compute the whole causal band)")
         else:
             try:
-                res = self._check_and_time(name, sink)
+                res = self._check(name, sink)
             except Exception as e:  # noqa: BLE001 - a peer's failure is a result, not a crash
                 res = peer_result("n/a", sink=sink, reason=_short(e))
         self.peers[name] = res
         return res
 
-    def _check_and_time(self, name: str, sink: bool) -> dict:
+    def _check(self, name: str, sink: bool) -> dict:
         T = self.env.torch
         expected = self.t["out:per_head" if sink else "out:none"]
         rejected, mismatch = [], None
@@ -924,14 +1023,8 @@ class ShapeBench:
                 rejected.append(f"{label}: output mismatch, relL2 {err:.2e} vs hipkernel")
                 mismatch = err if mismatch is None else min(mismatch, err)
                 continue
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                with call.context():
-                    times = self.env.timer(call.fn, warmup=self.env.warmup, reps=self.env.reps)
             self.calls[name] = call
-            r = timing_result(times, self.flops)
-            return peer_result("ok", ms=r["ms"], flops=self.flops, variant=label, rel_l2=err,
-                               rejected=rejected, sink=sink)
+            return peer_result("ok", variant=label, rel_l2=err, rejected=rejected, sink=sink)
         if mismatch is not None:
             return peer_result("mismatch", rel_l2=mismatch if math.isfinite(mismatch) else None,
                                sink=sink, rejected=rejected,
@@ -1005,25 +1098,28 @@ class ShapeBench:
 
 
 def bench_shape(env: Env, shape: Shape) -> dict:
-    """Everything for one shape (hipkernel both modes, the resident figure, each requested
-    peer) -> its report row. A hipkernel failure is recorded in the row, not raised."""
+    """Everything for one shape -> its report row: hipkernel's set-up (autotune, reference
+    outputs), each requested peer checked against it, then hipkernel in both modes and the
+    peers that matched timed in interleaved rounds (``ShapeBench.time_all``), then the
+    resident figure. A hipkernel failure is recorded in the row, not raised."""
     sb = ShapeBench(env, shape)
     try:
         sb.setup()
-        for mode in ("per_head", "none"):
-            sb.hipkernel(mode)
+        for name in PEERS:
+            sb.check_peer(name)
+        sb.time_all(list(PEERS))
         sb.resident_time()
-        hk = sb.hk["per_head"]
-        env.say(f"  hipkernel ({sb.config}): sink {hk['ms']:.4f} ms = {hk['tflops']:.1f} TF/s, "
-                f"no sink {sb.hk['none']['ms']:.4f} ms; Resident.time_ms {sb.resident_ms:.4f} ms")
     except Exception as e:  # noqa: BLE001 - recorded, the run goes on with the next shape
         sb.error = f"{type(e).__name__}: {e}"
         env.say(traceback.format_exc())
         sb.close()
         return sb.row()
     try:
+        hk = sb.hk["per_head"]
+        env.say(f"  hipkernel ({sb.config}): sink {hk['ms']:.4f} ms = {hk['tflops']:.1f} TF/s, "
+                f"no sink {sb.hk['none']['ms']:.4f} ms; Resident.time_ms {sb.resident_ms:.4f} ms")
         for name in PEERS:
-            r = sb.peer(name)
+            r = sb.peers[name]
             if env.can_run(name):
                 env.say(f"  {name}: " + (f"{r['ms']:.4f} ms ({r['variant']}, relL2 {r['rel_l2']:.1e})"
                                          if r["status"] == "ok" else f"{r['status']}: {r['reason']}"))
@@ -1061,6 +1157,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    f"(median; >= {MIN_REPS}, default {DEFAULT_REPS})")
     p.add_argument("--warmup", type=_count(0, ""), default=DEFAULT_WARMUP, metavar="N",
                    help=f"untimed calls before each measurement (default {DEFAULT_WARMUP})")
+    p.add_argument("--rounds", type=_count(1, ""), default=DEFAULT_ROUNDS, metavar="N",
+                   help=f"split each implementation's --reps timed calls over N rounds, each "
+                        f"timing every implementation of the shape in turn (the order rotated "
+                        f"a place a round), so that all meet the same clock drift; 1 = one "
+                        f"burst each (default {DEFAULT_ROUNDS})")
     p.add_argument("--no-ceilings", dest="ceilings", action="store_false",
                    help="skip the fp16 GEMM and copy ceilings")
     p.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
@@ -1077,6 +1178,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     from refattn.cli import UsageError
 
+    if args.rounds > args.reps:
+        raise UsageError(f"argument --rounds: at most --reps ({args.reps}) rounds, got {args.rounds}")
     t_start = time.perf_counter()
     shapes = args.shapes or default_shapes()
     log = None if args.quiet else (
@@ -1088,7 +1191,7 @@ def run(args) -> int:
         peers_note = f"\n(peers: {torch_reason})" if torch_reason else ""
         raise UsageError(f"needs a GPU: {e}{peers_note}") from None
     env = make_env(be, kernel=args.kernel, peers=args.peers, warmup=args.warmup, reps=args.reps,
-                   log=log)
+                   rounds=args.rounds, log=log)
     env.say(f"refattn bench: {args.kernel} on {be.device_name} ({be.arch}); "
             f"{len(shapes)} shapes; peers: "
             + ", ".join(f"{n} {'yes' if v['available'] else 'no'} ({v['reason']})"
@@ -1111,7 +1214,12 @@ def run(args) -> int:
             "flex_lse_base": getattr(flex, "lse_base", None),
             "peers_requested": list(args.peers), "elapsed_s": None}
     timing = {"method": env.timer.method, "statistic": "median", "warmup": env.warmup,
-              "reps": env.reps, "hipkernel_launch": "flash_prefill_v3 without its trailing "
+              "reps": env.reps, "rounds": env.rounds,
+              "order": ("one burst of --reps calls each, hipkernel first" if env.rounds == 1 else
+                        f"the reps split over {env.rounds} rounds, each timing every "
+                        "implementation in turn after --warmup calls, the order rotated a place "
+                        "a round; the median over all of an implementation's calls"),
+              "hipkernel_launch": "flash_prefill_v3 without its trailing "
               "synchronize; resident_time_ms = Resident.time_ms (synchronize per call)"}
     body = make_body(rows, ceilings=ceilings, peers_available=env.peers, timing=timing, meta=meta)
     body["elapsed_s"] = round(time.perf_counter() - t_start, 1)

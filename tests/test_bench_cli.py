@@ -110,6 +110,9 @@ def test_parse_peers():
     (["--reps", "5"], ["argument --reps", ">= 20"]),
     (["--reps", "many"], ["argument --reps", "expected an int"]),
     (["--warmup", "-1"], ["argument --warmup"]),
+    (["--rounds", "0"], ["argument --rounds"]),
+    (["--rounds", "31"], ["argument --rounds", "at most --reps (30)"]),
+    (["--rounds", "21", "--reps", "20"], ["argument --rounds", "at most --reps (20)"]),
     (["--kernel", "model"], ["argument --kernel", "hipkernel"]),
     (["--frobnicate"], ["unrecognized arguments: --frobnicate"]),
 ])
@@ -264,6 +267,108 @@ def test_timing_result_takes_the_median():
     r = bench.timing_result([3.0, 1.0, 2.0, 100.0, 2.5], flops=2e9)
     assert r["ms"] == 2.5 and r["tflops"] == pytest.approx(2e9 / 2.5 / 1e9)
     assert (r["n"], r["min_ms"], r["max_ms"]) == (5, 1.0, 100.0)
+
+
+# --------------------------------------------------------------------------- interleaved rounds
+
+class DriftingTimer:
+    """A device whose clock slows as it works: the k-th timed call of the run (any
+    implementation) takes ``base[name] * (1 + drift * k)`` ms. Records each burst."""
+
+    def __init__(self, base, drift=0.01):
+        self.base, self.drift, self.k, self.bursts = base, drift, 0, []
+
+    def __call__(self, fn, *, warmup, reps):
+        name = fn()
+        self.bursts.append((name, warmup, reps))
+        out = []
+        for _ in range(reps):
+            out.append(self.base[name] * (1 + self.drift * self.k))
+            self.k += 1
+        return out
+
+
+def named(name):
+    return lambda: name
+
+
+def test_round_reps_splits_evenly_larger_shares_first():
+    assert bench.round_reps(30, 1) == [30]
+    assert bench.round_reps(30, 3) == [10, 10, 10]
+    assert bench.round_reps(30, 4) == [8, 8, 7, 7]
+    assert sum(bench.round_reps(23, 5)) == 23
+    for bad in (0, 31):
+        with pytest.raises(ValueError, match="rounds"):
+            bench.round_reps(30, bad)
+
+
+def test_rounds_time_every_implementation_in_turn_rotating_the_order():
+    timer = DriftingTimer({"a": 1.0, "b": 1.0, "c": 1.0})
+    fns = {n: named(n) for n in ("a", "b", "c")}
+    times = bench.time_interleaved(timer, fns, warmup=5, reps=30, rounds=3)
+    assert [b[0] for b in timer.bursts] == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert all(w == 5 and r == 10 for _, w, r in timer.bursts)
+    assert {n: len(t) for n, t in times.items()} == {"a": 30, "b": 30, "c": 30}
+
+
+def test_rounds_share_a_drifting_clock_fairly():
+    """Two implementations of the same speed under a clock that slows 1 % a call: timed in
+    one burst each, the second looks a quarter slower; in 3 interleaved rounds, within 10 %."""
+    base = {"a": 1.0, "b": 1.0}
+    fns = {n: named(n) for n in base}
+
+    def ratio(rounds):
+        t = bench.time_interleaved(DriftingTimer(base), fns, warmup=0, reps=30, rounds=rounds)
+        ms = {n: bench.timing_result(v, 1e9)["ms"] for n, v in t.items()}
+        return ms["b"] / ms["a"]
+
+    assert ratio(1) == pytest.approx(1.3 / 1.0, rel=0.05)
+    assert abs(ratio(3) - 1) < 0.1 and abs(ratio(3) - 1) < abs(ratio(1) - 1) / 3
+
+
+def test_an_implementation_that_fails_while_timed_is_dropped_and_reported():
+    timer = DriftingTimer({"a": 1.0, "c": 2.0})
+
+    def boom():
+        raise RuntimeError("peer fell over")
+    errors = []
+    times = bench.time_interleaved(timer, {"a": named("a"), "b": boom, "c": named("c")},
+                                   warmup=1, reps=20, rounds=2,
+                                   on_error=lambda n, e: errors.append((n, str(e))))
+    assert set(times) == {"a", "c"} and len(times["a"]) == len(times["c"]) == 20
+    assert errors == [("b", "peer fell over")]  # once: not tried again in round 2
+    # a (callable, context factory) pair runs inside its context
+    entered = []
+
+    class Ctx:
+        def __enter__(self):
+            entered.append(1)
+
+        def __exit__(self, *a):
+            return False
+    bench.time_interleaved(DriftingTimer({"a": 1.0}), {"a": (named("a"), Ctx)}, warmup=0,
+                           reps=20, rounds=4)
+    assert len(entered) == 4
+
+
+def test_bench_times_hipkernel_in_rounds_and_records_them(capsys, fake_gpu, tmp_path):
+    calls = []
+    real = fake_gpu.time_ms
+
+    def time_ms(fn, warmup=1, reps=3):
+        calls.append((warmup, reps))
+        return real(fn, warmup=warmup, reps=reps)
+    fake_gpu.time_ms = time_ms
+    path = tmp_path / "b.json"
+    code, out, err = run_cli(capsys, "bench", "--shapes", "gptoss-16@0", "--rounds", "4",
+                             "--json", str(path), "-q")
+    assert code == 0, err
+    rec = json.loads(path.read_text())
+    assert rec["timing"]["rounds"] == 4 and "rotated" in rec["timing"]["order"]
+    assert "in 4 interleaved rounds" in out
+    # both sink modes, 4 rounds each of 8, 8, 7, 7 calls; then the resident figure (30)
+    assert calls[:8] == [(5, 8), (5, 8), (5, 8), (5, 8), (5, 7), (5, 7), (5, 7), (5, 7)]
+    assert rec["shapes"][0]["hipkernel"]["sink"]["n"] == 30
 
 
 def test_best_peer_is_the_fastest_timed_one():
