@@ -10,7 +10,7 @@ bottom-right, optionally a sliding window of ``W`` keys (self included). Shapes 
 cache with W = 128, at gpt-oss geometry (``gptoss``: Hq = 64, Hkv = 8, d = 64; ``d128``:
 Hq = 32, Hkv = 8, d = 128; B = 1, fp16).
 
-For each shape, in this order, on the same fp16 arrays:
+For each shape, on the same fp16 arrays (timed in interleaved rounds, below):
 
 * **hipkernel**, with a per-head sink (the gpt-oss case, the one the targets are for) and
   without one (to compare with the peers that have no sink), on the device-resident inputs
