@@ -708,14 +708,14 @@ def round_reps(reps: int, rounds: int) -> list[int]:
     return [reps // rounds + (1 if r < reps % rounds else 0) for r in range(rounds)]
 
 
-def time_interleaved(timer, fns: dict, *, warmup: int, reps: int, rounds: int,
+def time_interleaved(timer, calls: dict, *, warmup: int, reps: int, rounds: int,
                      on_error=None) -> dict[str, list[float]]:
-    """Time every ``fns[name]`` (a callable, or ``(callable, context factory)``) for ``reps``
-    calls in all, over ``rounds`` rounds: round r times each in turn, the order of ``fns``
-    rotated r places, ``round_reps(reps, rounds)[r]`` calls after ``warmup`` untimed ones.
-    Returns each name's times in call order. A name whose timing raises is dropped from the
-    later rounds and from the result; ``on_error(name, exc)`` is told."""
-    names = list(fns)
+    """Time every ``calls[name]`` (a :class:`Call`) for ``reps`` calls in all, over ``rounds``
+    rounds: round r times each in turn, the order of ``calls`` rotated r places,
+    ``round_reps(reps, rounds)[r]`` calls after ``warmup`` untimed ones. Returns each name's
+    times in call order. A name whose timing raises is dropped from the later rounds and
+    from the result; ``on_error(name, exc)`` is told."""
+    names = list(calls)
     times: dict[str, list[float]] = {n: [] for n in names}
     failed: set[str] = set()
     for r, n_r in enumerate(round_reps(reps, rounds)):
@@ -723,11 +723,9 @@ def time_interleaved(timer, fns: dict, *, warmup: int, reps: int, rounds: int,
         for name in names[k:] + names[:k]:
             if name in failed:
                 continue
-            fn = fns[name]
-            fn, context = fn if isinstance(fn, tuple) else (fn, contextlib.nullcontext)
             try:
-                with context():
-                    times[name] += timer(fn, warmup=warmup, reps=n_r)
+                with calls[name].context():
+                    times[name] += timer(calls[name].fn, warmup=warmup, reps=n_r)
             except Exception as e:  # noqa: BLE001 - the others go on; the caller reports it
                 failed.add(name)
                 if on_error is not None:
@@ -923,10 +921,8 @@ class ShapeBench:
         return cfg.name if cfg is not None else "default (autotune off)"
 
     def hipkernel(self, mode: str) -> dict:
-        """Time hipkernel with ``mode`` = ``per_head`` (sink) or ``none``."""
-        times = self.env.timer(self.calls[f"hipkernel:{mode}"].fn, warmup=self.env.warmup,
-                               reps=self.env.reps)
-        self.hk[mode] = timing_result(times, self.flops)
+        """Time hipkernel with ``mode`` = ``per_head`` (sink) or ``none``, in one burst."""
+        self._time([f"hipkernel:{mode}"], rounds=1)
         return self.hk[mode]
 
     def resident_time(self) -> float:
@@ -937,48 +933,40 @@ class ShapeBench:
 
     # ---- peers -----------------------------------------------------------------------------
     def peer(self, name: str) -> dict:
-        """Check ``name``'s output against hipkernel's, then time it; the result is kept."""
-        res = self.check_peer(name)
-        if res["status"] == "ok":
-            call = self.calls[name]
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                with call.context():
-                    times = self.env.timer(call.fn, warmup=self.env.warmup, reps=self.env.reps)
-            res = self.timed_peer(name, times)
-        return res
-
-    def timed_peer(self, name: str, times: list[float]) -> dict:
-        """``name``'s checked result with its timing filled in (and kept)."""
-        res = dict(self.peers[name])
-        r = timing_result(times, self.flops)
-        res.update(ms=r["ms"], tflops=r["tflops"])
-        self.peers[name] = res
-        return res
+        """Check ``name``'s output against hipkernel's, then time it in one burst; the result
+        is kept."""
+        if self.check_peer(name)["status"] == "ok":
+            self._time([name], rounds=1)
+        return self.peers[name]
 
     def time_all(self, names: list[str]) -> None:
         """hipkernel in both sink modes and the peers in ``names`` that passed their check
         (``check_peer``), timed in the env's interleaved rounds (``time_interleaved``)."""
-        fns = {f"hipkernel:{m}": self.calls[f"hipkernel:{m}"].fn for m in ("per_head", "none")}
-        fns.update({n: (self.calls[n].fn, self.calls[n].context) for n in names
-                    if self.peers.get(n, {}).get("status") == "ok" and n in self.calls})
+        self._time(["hipkernel:per_head", "hipkernel:none"]
+                   + [n for n in names if self.peers.get(n, {}).get("status") == "ok"],
+                   rounds=self.env.rounds)
+
+    def _time(self, names: list[str], rounds: int) -> None:
+        """Time ``calls[name]`` for each name (``hipkernel:MODE`` or a checked peer) in
+        ``rounds`` interleaved rounds and keep the results. A peer that raises while timed
+        becomes ``n/a`` with the reason; hipkernel raising is an error of the shape."""
         errors: dict[str, str] = {}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            times = time_interleaved(self.env.timer, fns, warmup=self.env.warmup,
-                                     reps=self.env.reps, rounds=self.env.rounds,
+            times = time_interleaved(self.env.timer, {n: self.calls[n] for n in names},
+                                     warmup=self.env.warmup, reps=self.env.reps, rounds=rounds,
                                      on_error=lambda n, e: errors.__setitem__(n, _short(e)))
-        for mode in ("per_head", "none"):
-            key = f"hipkernel:{mode}"
-            if key in errors:
-                raise RuntimeError(f"hipkernel ({mode}) failed while timed: {errors[key]}")
-            self.hk[mode] = timing_result(times[key], self.flops)
-        for n in fns:
-            if n in errors:
-                self.peers[n] = peer_result("n/a", sink=PEER_SINK[n], reason=f"failed while "
-                                            f"timed: {errors[n]}")
-            elif not n.startswith("hipkernel:"):
-                self.timed_peer(n, times[n])
+        for n in names:
+            if n.startswith("hipkernel:"):
+                if n in errors:
+                    raise RuntimeError(f"{n} failed while timed: {errors[n]}")
+                self.hk[n.partition(":")[2]] = timing_result(times[n], self.flops)
+            elif n in errors:
+                self.peers[n] = peer_result("n/a", sink=PEER_SINK[n],
+                                            reason=f"failed while timed: {errors[n]}")
+            else:
+                r = timing_result(times[n], self.flops)
+                self.peers[n] = {**self.peers[n], "ms": r["ms"], "tflops": r["tflops"]}
 
     def check_peer(self, name: str) -> dict:
         """Find the way of calling ``name`` whose output matches hipkernel's, without timing

@@ -288,8 +288,8 @@ class DriftingTimer:
         return out
 
 
-def named(name):
-    return lambda: name
+def named(name, context=None):
+    return bench.Call(lambda: name, context or bench.contextlib.nullcontext)
 
 
 def test_round_reps_splits_evenly_larger_shares_first():
@@ -332,12 +332,12 @@ def test_an_implementation_that_fails_while_timed_is_dropped_and_reported():
     def boom():
         raise RuntimeError("peer fell over")
     errors = []
-    times = bench.time_interleaved(timer, {"a": named("a"), "b": boom, "c": named("c")},
+    times = bench.time_interleaved(timer, {"a": named("a"), "b": bench.Call(boom), "c": named("c")},
                                    warmup=1, reps=20, rounds=2,
                                    on_error=lambda n, e: errors.append((n, str(e))))
     assert set(times) == {"a", "c"} and len(times["a"]) == len(times["c"]) == 20
     assert errors == [("b", "peer fell over")]  # once: not tried again in round 2
-    # a (callable, context factory) pair runs inside its context
+    # a Call runs inside its context, once a round
     entered = []
 
     class Ctx:
@@ -346,9 +346,30 @@ def test_an_implementation_that_fails_while_timed_is_dropped_and_reported():
 
         def __exit__(self, *a):
             return False
-    bench.time_interleaved(DriftingTimer({"a": 1.0}), {"a": (named("a"), Ctx)}, warmup=0,
+    bench.time_interleaved(DriftingTimer({"a": 1.0}), {"a": named("a", Ctx)}, warmup=0,
                            reps=20, rounds=4)
     assert len(entered) == 4
+
+
+def test_a_peer_that_fails_while_timed_is_n_a_and_hipkernel_failing_is_raised():
+    def boom():
+        raise RuntimeError("cudnn fell over")
+    env = bench.Env(be=None, kernel="hipkernel", timer=DriftingTimer({"hk": 1.0, "flex": 2.0}),
+                    warmup=0, reps=20, requested=["sdpa", "flex"], rounds=2)
+    sb = bench.ShapeBench(env, bench.parse_shape("gptoss-16@0"))
+    sb.calls = {"hipkernel:per_head": named("hk"), "hipkernel:none": named("hk"),
+                "sdpa": bench.Call(boom), "flex": named("flex")}
+    sb.peers = {"sdpa": bench.peer_result("ok", variant="v"),
+                "flex": bench.peer_result("ok", variant="f", sink=True),
+                "cudnn": bench.peer_result("n/a", reason="not requested")}
+    sb.time_all(["sdpa", "cudnn", "flex"])
+    assert sb.peers["sdpa"]["status"] == "n/a" and "cudnn fell over" in sb.peers["sdpa"]["reason"]
+    assert sb.peers["flex"]["status"] == "ok" and sb.peers["flex"]["variant"] == "f"
+    assert sb.peers["flex"]["ms"] > 2.0 and sb.hk["per_head"]["ms"] < sb.peers["flex"]["ms"]
+    assert sb.peers["cudnn"]["ms"] is None  # not checked ok: not timed
+    sb.calls["hipkernel:none"] = bench.Call(boom)
+    with pytest.raises(RuntimeError, match="hipkernel:none failed while timed"):
+        sb.hipkernel("none")
 
 
 def test_bench_times_hipkernel_in_rounds_and_records_them(capsys, fake_gpu, tmp_path):
