@@ -193,7 +193,6 @@ def run(backend, variants: list[Variant], shapes: list, *, passes: int = 2, n: i
         try:
             pairs = g["B"] * g["Hq"] * visible_pairs(shape.sq, shape.past_len, shape.window)
             expected = _reference(r, shape.window) if pairs <= ref_max_pairs else None
-            args = r.kernel_args(shape.window)
             first_of_tile: dict[int, np.ndarray] = {}
             for p in range(passes):
                 for v in variants:
@@ -211,6 +210,7 @@ def run(backend, variants: list[Variant], shapes: list, *, passes: int = 2, n: i
                     grid = v.config.grid(shape.sq, g["Hq"], g["B"])
                     if hang_s is not None:
                         faulthandler.dump_traceback_later(hang_s, exit=True)
+                    args = r.kernel_args(v.config, shape.window)
                     try:
                         ms, host_ms = burst_timing(backend, k, grid, (v.config.threads, 1, 1), args,
                                                    v.shared_mem(g["d"]), n=n, reps=reps)

@@ -100,6 +100,41 @@ def kernel_defines(d: int, config: KernelConfig, mutants=frozenset()) -> dict:
     return defines
 
 
+def kv_tensor_maps(backend, config: KernelConfig, *, k, v, B: int, Hkv: int, d: int, S_cap: int,
+                   skv: int, mutants=frozenset()) -> list[tuple]:
+    """The two trailing kernel arguments of a config with a producer warpgroup (``ws``): the
+    tensor maps of its TMA copies (kernels/gqa_flash_prefill_wgmma.hip, "TMA"), ``k`` then
+    ``v``, each the cache ``(B, Hkv, S_cap, d)`` seen as ``(d, rows, B * Hkv)`` with a box of
+    one 64-dim column block of a ``bkv``-key tile. ``rows`` is what the copies may read of a
+    KV head, ``skv``: the map's bound zero-fills the keys past it, which is the TMA path's
+    key_kept (flash_common.h), so under its ``tail_unmasked`` mutant it is the whole cache,
+    canaries included. [] for every other config."""
+    from hipkernel.backends import TensorMap
+
+    if not config.ws:
+        return []
+    rows = S_cap if "tail_unmasked" in mutants else skv
+    dims, strides, box = (d, rows, B * Hkv), (2 * d, 2 * d * S_cap), (64, config.bkv, 1)
+    return [(TensorMap, backend.tensor_map(ptr, dims, strides, box)) for ptr in (k, v)]
+
+
+def kernel_args(backend, config: KernelConfig, *, q, k, v, sink, out, B: int, Sq: int, Hq: int,
+                Hkv: int, d: int, S_cap: int, past_len: int, window: int, sink_mode: int,
+                scale: float, mutants=frozenset()) -> list[tuple]:
+    """The kernel ABI's argument list (docs/ARCHITECTURE.md "Kernel ABI") of ``config`` on
+    device buffers: the thirteen arguments of every path (``sink_mode`` the ABI's integer,
+    ``sink`` 0 unless it is 1), plus the tensor maps of a config with a producer
+    (``kv_tensor_maps``, built for ``mutants``)."""
+    return [
+        (ctypes.c_void_p, q), (ctypes.c_void_p, k), (ctypes.c_void_p, v),
+        (ctypes.c_void_p, sink if sink_mode == 1 else 0), (ctypes.c_void_p, out),
+        (ctypes.c_int32, Sq), (ctypes.c_int32, Hq), (ctypes.c_int32, Hkv),
+        (ctypes.c_int32, S_cap), (ctypes.c_int32, past_len), (ctypes.c_int32, window),
+        (ctypes.c_int32, sink_mode), (ctypes.c_float, scale),
+    ] + kv_tensor_maps(backend, config, k=k, v=v, B=B, Hkv=Hkv, d=d, S_cap=S_cap,
+                       skv=past_len + Sq, mutants=mutants)
+
+
 # --------------------------------------------------------------------------- contract
 
 def decline_reason(*, d: int, softcap: float = 0.0, dtype: str = "fp16") -> str | None:
@@ -218,13 +253,9 @@ def flash_prefill_v3(backend, q, k, v, sink, out, *, B: int, Sq: int, Hq: int, H
         past_len)): compiled and its arguments packed once."""
         kb, vb, cap, past = kv
         kern = backend.compile(kernel_source(cfg.path), kernel_defines(d, cfg, mutants), KERNEL_NAME)
-        args = KernelArgs([
-            (ctypes.c_void_p, q), (ctypes.c_void_p, kb), (ctypes.c_void_p, vb),
-            (ctypes.c_void_p, sink if mode == 1 else 0), (ctypes.c_void_p, out),
-            (ctypes.c_int32, Sq), (ctypes.c_int32, Hq), (ctypes.c_int32, Hkv),
-            (ctypes.c_int32, cap), (ctypes.c_int32, past), (ctypes.c_int32, window),
-            (ctypes.c_int32, mode), (ctypes.c_float, scale),
-        ])
+        args = KernelArgs(kernel_args(backend, cfg, q=q, k=kb, v=vb, sink=sink, out=out, B=B, Sq=Sq,
+                                      Hq=Hq, Hkv=Hkv, d=d, S_cap=cap, past_len=past, window=window,
+                                      sink_mode=mode, scale=scale, mutants=mutants))
         grid, block = cfg.grid(Sq, Hq, B), (cfg.threads, 1, 1)
         smem = cfg.dynamic_smem_bytes(d)
         return lambda: backend.launch(kern, grid, block, args, smem)

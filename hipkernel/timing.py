@@ -95,18 +95,14 @@ class Resident:
                                 warmup=warmup, reps=reps)
         return float(statistics.median(times))
 
-    def kernel_args(self, window: int = -1, sink_mode: int = 1) -> list:
-        """The kernel ABI's argument list on these buffers (docs/ARCHITECTURE.md), for
-        launching a compiled kernel directly (``Backend.launch``), scale 1 / sqrt(d)."""
-        import ctypes
-
+    def kernel_args(self, config: KernelConfig, window: int = -1, sink_mode: int = 1) -> list:
+        """The kernel ABI's argument list of ``config`` on these buffers (``api.kernel_args``:
+        a config with a producer takes its tensor maps too), for launching a compiled kernel
+        directly (``Backend.launch``), scale 1 / sqrt(d)."""
         g, p = self.geom, self.ptr
-        return [(ctypes.c_void_p, p["q"]), (ctypes.c_void_p, p["k"]), (ctypes.c_void_p, p["v"]),
-                (ctypes.c_void_p, p["sink"]), (ctypes.c_void_p, p["out"]),
-                (ctypes.c_int32, g["Sq"]), (ctypes.c_int32, g["Hq"]), (ctypes.c_int32, g["Hkv"]),
-                (ctypes.c_int32, g["S_cap"]), (ctypes.c_int32, g["past_len"]),
-                (ctypes.c_int32, window), (ctypes.c_int32, sink_mode),
-                (ctypes.c_float, g["d"] ** -0.5)]
+        return api.kernel_args(self.be, config, q=p["q"], k=p["k"], v=p["v"], sink=p["sink"],
+                               out=p["out"], window=window, sink_mode=sink_mode,
+                               scale=g["d"] ** -0.5, **g)
 
     def output(self) -> np.ndarray:
         out = np.empty_like(self.host["q"])

@@ -175,7 +175,7 @@ def raw_ms(be, r, kern, cfg, window, sink_mode=1, n=20) -> float:
 
     g = r.geom
     return burst_ms(be, kern, cfg.grid(g["Sq"], g["Hq"], g["B"]), (cfg.threads, 1, 1),
-                    r.kernel_args(window, sink_mode), cfg.dynamic_smem_bytes(g["d"]), n=n)
+                    r.kernel_args(cfg, window, sink_mode), cfg.dynamic_smem_bytes(g["d"]), n=n)
 
 
 def section_sweep(out: Path) -> list:

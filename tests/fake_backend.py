@@ -9,6 +9,8 @@ sink); numerics are tested against the model and, on a GPU, the real kernel.
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 
 
@@ -57,6 +59,13 @@ class RecordingBackend:
                    shared_mem=shared_mem, tuning=self._timing)
         self.launches.append(rec)
         self.calls.append(("launch", rec))
+
+    def tensor_map(self, ptr, dims, strides, box):
+        """The map's parameters as 16 little-endian uint64 (ptr, 3 dims, 2 strides, 3 box
+        sizes, zeros): what a test can read back from the launch's arguments."""
+        self.calls.append(("tensor_map", ptr, tuple(dims), tuple(strides), tuple(box)))
+        words = [int(ptr), *dims, *strides, *box]
+        return struct.pack("<16Q", *(words + [0] * (16 - len(words))))
 
     def synchronize(self):
         self.calls.append(("synchronize",))

@@ -11,6 +11,7 @@ backend's reason elsewhere.
 from __future__ import annotations
 
 import ctypes
+import struct
 import os
 import time
 import types
@@ -318,6 +319,54 @@ def test_kernel_args_reject_what_would_wrap(spec, exc, match):
 
 def test_no_args_is_a_null_array():
     assert KernelArgs([]).address == 0
+
+
+def test_kernel_args_pass_a_tensor_map_by_value():
+    """A TensorMap argument is its 128 bytes, copied into the parameter array; anything but
+    128 bytes is refused naming the argument."""
+    blob = bytes(range(128))
+    args = KernelArgs([(ctypes.c_int32, 3), (backends.TensorMap, blob)])
+    ptrs = (ctypes.c_void_p * 2).from_address(args.address)
+    assert ctypes.string_at(ptrs[1], 128) == blob and backends.TENSOR_MAP_BYTES == 128
+    for bad in (blob[:64], "x" * 128, None):
+        with pytest.raises(TypeError, match=r"^args\[0\]: TensorMap needs the 128 bytes"):
+            KernelArgs([(backends.TensorMap, bad)])
+
+
+class MapBackend(HostBackend):
+    """A host backend whose encoder returns its parameters (16 uint64), or a wrong size."""
+
+    size = 128
+
+    def _tensor_map(self, address, dims, strides, box):
+        words = [address, *dims, *strides, *box]
+        return struct.pack("<16Q", *(words + [0] * (16 - len(words))))[:self.size]
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(dims=(64, 10), strides=(128,), box=(64, 8, 1)), "^dims: 2 dims need 1 strides and 2 box"),
+    (dict(dims=(64, 0, 2), strides=(128, 1280), box=(64, 8, 1)), r"^dims: each in \[1, 2\^32\]"),
+    (dict(dims=(64, 10, 2), strides=(120, 1280), box=(64, 8, 1)), "^strides: multiples of 16"),
+    (dict(dims=(64, 10, 2), strides=(128, 1280), box=(32, 8, 1)), "^box: 64 elements first"),
+    (dict(dims=(64, 10, 2), strides=(128, 1280), box=(64, 512, 1)), "^box: 64 elements first"),
+    (dict(ptr=0x1008, dims=(64, 10, 2), strides=(128, 1280), box=(64, 8, 1)), "^ptr: 0x1008 is not 16-byte"),
+])
+def test_tensor_map_refuses_what_tma_cannot_map(cache_dir, kw, match):
+    be = MapBackend(DiskCache(cache_dir, enabled=False))
+    with pytest.raises(ValueError, match=match):
+        be.tensor_map(kw.pop("ptr", 0x1000), **kw)
+
+
+def test_tensor_map_passes_its_parameters_and_checks_the_size(cache_dir):
+    be = MapBackend(DiskCache(cache_dir, enabled=False))
+    blob = be.tensor_map(0x1000, (128, 4096, 8), (256, 256 * 4096), (64, 128, 1))
+    assert struct.unpack("<9Q", blob[:72]) == (0x1000, 128, 4096, 8, 256, 256 * 4096, 64, 128, 1)
+    be.size = 64
+    with pytest.raises(BackendError, match="BAD_SIZE"):
+        be.tensor_map(0x1000, (128, 4096, 8), (256, 256 * 4096), (64, 128, 1))
+    # a backend without TMA (HIP, the base class) says so
+    with pytest.raises(BackendError, match="TMA tensor maps need an NVIDIA sm_90"):
+        HostBackend(DiskCache(cache_dir, enabled=False)).tensor_map(0x1000, (64, 8), (128,), (64, 8))
 
 
 # --------------------------------------------------------------------------- memory, launch, timing

@@ -71,7 +71,9 @@ class ModelBackend(RecordingBackend):
 
     def launch(self, kernel, grid, block, args, shared_mem=0):
         super().launch(kernel, grid, block, args, shared_mem)
-        q, k, v, sink, out, Sq, Hq, Hkv, S_cap, past, window, mode, scale = [x for _, x in args]
+        # the thirteen of every path (a ws tile's two tensor maps follow: the model's loads
+        # keep what they keep, key_kept, as the maps' bounds do)
+        q, k, v, sink, out, Sq, Hq, Hkv, S_cap, past, window, mode, scale = [x for _, x in args][:13]
         d, B = kernel["HEAD_DIM"], grid[2]
         mutants = {m.name for m in MUTANTS if kernel.get(m.macro)} | set(self.force_mutants)
         res = model.attention(

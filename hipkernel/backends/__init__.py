@@ -9,6 +9,7 @@ One kernel source, two runtimes that map almost one-to-one (STYLE item 8):
     hipModuleLoadData             cuModuleLoadData
     hipModuleLaunchKernel         cuLaunchKernel
     (no opt-in on AMD)            cuFuncSetAttribute (dynamic shared > 48 KiB)
+    (no TMA on AMD)               cuTensorMapEncodeTiled (the ws producer's maps)
     hipMalloc / hipMemcpy         cuMemAlloc / cuMemcpyHtoD / DtoH
     hipEventElapsedTime           cuEventElapsedTime
     ============================  =====================================
@@ -26,8 +27,10 @@ Selecting a backend::
     be.launch(kern, grid, block, [(ctypes.c_void_p, q_ptr), (ctypes.c_int32, Sq), ...])
 
 The argument list is declared once by the caller with explicit widths; pointers are
-``c_void_p`` (0 for nullptr), integers ``c_int32``, floats ``c_float``. Both backends pass it
-as a ``void**`` array of pointers to the values, so there is no per-backend translation.
+``c_void_p`` (0 for nullptr), integers ``c_int32``, floats ``c_float``, a TMA tensor map
+:class:`TensorMap` (its 128 bytes, from ``Backend.tensor_map``; CUDA sm_90 only). Both backends
+pass it as a ``void**`` array of pointers to the values, so there is no per-backend
+translation.
 """
 
 from __future__ import annotations
@@ -187,6 +190,17 @@ _UINT_TYPES = {ctypes.c_uint8: 8, ctypes.c_uint16: 16, ctypes.c_uint32: 32, ctyp
 _FLOAT_TYPES = (ctypes.c_float, ctypes.c_double)
 
 
+class TensorMap(ctypes.Structure):
+    """A kernel argument holding a TMA tensor map (CUtensorMap, 128 opaque bytes), passed by
+    value: the value of the ``(TensorMap, bytes)`` pair is what ``Backend.tensor_map``
+    returns."""
+
+    _fields_ = [("opaque", ctypes.c_uint64 * 16)]
+
+
+TENSOR_MAP_BYTES = ctypes.sizeof(TensorMap)
+
+
 def _pack(i: int, ctype, value):
     """One kernel argument as a ctypes object, with its declared width enforced (ctypes
     itself would silently wrap 2**31 to a negative c_int32)."""
@@ -212,8 +226,13 @@ def _pack(i: int, ctype, value):
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise TypeError(f"{where}: {ctype.__name__} needs a real number, got {value!r}")
         return ctype(float(value))
+    if ctype is TensorMap:
+        if not isinstance(value, (bytes, bytearray)) or len(value) != TENSOR_MAP_BYTES:
+            raise TypeError(f"{where}: TensorMap needs the {TENSOR_MAP_BYTES} bytes of an encoded "
+                            f"map (Backend.tensor_map), got {value!r:.60}")
+        return TensorMap.from_buffer_copy(value)
     raise TypeError(f"{where}: unsupported argument type {ctype!r} (use c_void_p, c_int32, "
-                    f"c_uint32, c_int64, c_float, c_double)")
+                    f"c_uint32, c_int64, c_float, c_double, TensorMap)")
 
 
 class KernelArgs:
@@ -380,6 +399,11 @@ class Backend:
     def _launch(self, function, grid, block, shared_mem: int, params_address: int) -> None:
         raise NotImplementedError
 
+    def _tensor_map(self, address: int, dims, strides, box) -> bytes:
+        """Encode a TMA tensor map of fp16 elements (``tensor_map``); only where TMA exists."""
+        raise BackendError(self.name, "tensor_map", 0, "NOT_SUPPORTED",
+                           "TMA tensor maps need an NVIDIA sm_90 device (the CUDA backend)")
+
     def _allow_dynamic_shared(self, function, nbytes: int, static: int) -> None:
         """Let ``function`` (``static`` bytes of static shared memory) launch with ``nbytes``
         of dynamic shared memory, more than it may take without an opt-in
@@ -537,6 +561,31 @@ class Backend:
 
     def synchronize(self) -> None:
         self._synchronize()
+
+    def tensor_map(self, ptr, dims: Sequence[int], strides: Sequence[int], box: Sequence[int]) -> bytes:
+        """A TMA tensor map (the 128 bytes of a ``TensorMap`` kernel argument) of the fp16
+        tensor at device pointer ``ptr``: ``dims`` its sizes in elements, the contiguous
+        dimension first; ``strides`` the byte strides of dims 1.. (multiples of 16); ``box``
+        the elements one copy moves a dimension, the first 64 (128 bytes: one row of the
+        128-byte swizzle the map lays the box out in). Elements of a box outside ``dims``
+        read as zeros. CUDA on sm_90 only (elsewhere a ``BackendError``)."""
+        dims, strides, box = (tuple(operator.index(x) for x in seq) for seq in (dims, strides, box))
+        if not 1 <= len(dims) <= 5 or len(strides) != len(dims) - 1 or len(box) != len(dims):
+            raise ValueError(f"dims: {len(dims)} dims need {len(dims) - 1} strides and {len(dims)} "
+                             f"box sizes, got {len(strides)} and {len(box)}")
+        if any(not 1 <= n <= 2 ** 32 for n in dims):
+            raise ValueError(f"dims: each in [1, 2^32], got {dims}")
+        if any(s % 16 or not 0 < s < 2 ** 40 for s in strides):
+            raise ValueError(f"strides: multiples of 16 bytes under 2^40, got {strides}")
+        if box[0] != 64 or any(not 1 <= b <= 256 for b in box):
+            raise ValueError(f"box: 64 elements first (a 128-byte swizzle row), each in [1, 256], got {box}")
+        addr = operator.index(ptr)
+        if addr % 16:
+            raise ValueError(f"ptr: {addr:#x} is not 16-byte aligned")
+        blob = self._tensor_map(addr, dims, strides, box)
+        if len(blob) != TENSOR_MAP_BYTES:
+            raise BackendError(self.name, "tensor_map", 0, "BAD_SIZE", f"{len(blob)} bytes")
+        return blob
 
     def hold(self, ms: float) -> None:
         """Queue a GPU spin of about ``ms`` milliseconds on the default stream (see

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import struct
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -274,6 +275,19 @@ class CudaBackend(Backend):
         self._bind()
         _call(driver.cuLaunchKernel, function, *grid, *block, shared_mem, self._stream,
               params_address, 0)
+
+    def _tensor_map(self, address, dims, strides, box):
+        # fp16, no interleave, the 128-byte swizzle (the wgmma path's layout), L2 lines of 256
+        # bytes, and out-of-bounds elements read as zeros (FLOAT_OOB_FILL_NONE)
+        u32, u64 = driver.cuuint32_t, driver.cuuint64_t
+        tmap = _call(driver.cuTensorMapEncodeTiled,
+                     driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16, len(dims), address,
+                     [u64(n) for n in dims], [u64(x) for x in strides], [u32(n) for n in box],
+                     [u32(1)] * len(dims), driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+                     driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+                     driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                     driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+        return struct.pack("<16Q", *(int(x) for x in tmap.opaque))
 
     def _allow_dynamic_shared(self, function, nbytes, static):
         attr = driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN

@@ -18,6 +18,8 @@
 //                 default 48 KiB), BKV x HEAD_DIM halves a tile, in wgmma's 128-byte
 //                 swizzled layout (below), each tile 1024-byte aligned
 //   pointers      q, k, v, out 16-byte aligned
+//   tensor maps   with WS two more parameters after scale, the K and the V tensor maps of the
+//                 producer's TMA copies (below; hipkernel.api.kv_tensor_maps encodes them)
 //
 // The algorithm is the mma path's, step for step, with the per-row steps in
 // flash_rows.h (start-tile clamp, visibility, zero-fill of keys no row may see, online
@@ -71,18 +73,36 @@
 // the M_TILES / 4 that own rows (the consumers) only compute. The producer gives its
 // registers up to them (setmaxnreg): a thread starts with REG_CAP, which ptxas gives a
 // kernel with setmaxnreg (the most its launch bounds allow); the producer keeps
-// PRODUCER_REGS, the consumers share the rest in steps of 8 (216 each with two). 72 is
-// what the unrolled copy loop of a 128-key tile at d 128 (32 cp.async a thread a tile)
-// needs without spilling; on the H200 that tile ran 16384@0 in 6.31 ms with 72, 6.24 with
-// 48 (64 bytes spilled) and 6.40-6.44 with the loop unrolled 4 times and 24-48.
+// PRODUCER_REGS, the consumers share the rest in steps of 8.
+// TMA (on with WS): one thread of the producer copies each K and V tile with the tensor
+// memory accelerator (wgmma.h), a box of BKV keys x 64 dims a column block, into the same
+// 128-byte swizzled layout the cp.async copies write; a stage's full barrier counts that one
+// arrival and the tile's bytes. The keys a tile keeps are key_kept's: the maps span the keys
+// that exist (rows [0, skv) of each KV head; hipkernel.api.kv_tensor_maps), so the copies'
+// out-of-bounds fill zeroes the keys past skv; and under a window whose first key kv_start
+// falls inside the first tile, that tile lands on a barrier of its own, the producer
+// warpgroup zeroes its keys below kv_start and only then releases it. 24 registers are
+// enough for the producer: the consumers get 240 (216 with the cp.async producer).
+// Timed with the producer copying nothing after its first round (a probe), the cp.async
+// producer's copies cost 16 % of d128 16384@0 (3.82 against 4.57 ms; reports/wip/session27).
+// TMA 0: the cp.async producer, every producer thread copying its share of a tile, whose
+// unrolled copy loop of a 128-key tile at d 128 (32 cp.async a thread) needs 72 registers
+// without spilling.
 #ifndef WS
 #define WS 0
 #endif
+#ifndef TMA
+#define TMA WS
+#endif
+#if TMA && !WS
+#error "TMA: the tensor-memory copies are the producer warpgroup's (WS=1)"
+#endif
 #if WS
 #define NTHREADS (NCONSUMERS + 128)
-#define LOADERS 128
+#define LOADERS 128                // the cp.async producer's copying threads
+#define FULL_ARRIVALS (TMA ? 1 : LOADERS)  // arrivals that fill a stage
 #ifndef PRODUCER_REGS
-#define PRODUCER_REGS 72
+#define PRODUCER_REGS (TMA ? 24 : 72)
 #endif
 #define REG_CAP ((65536 / NTHREADS) & ~7)
 #define CONSUMER_REGS_FIT (((REG_CAP * NTHREADS - 128 * PRODUCER_REGS) / NCONSUMERS) & ~7)
@@ -222,7 +242,12 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     int Sq, int Hq, int Hkv, int S_cap, int past_len,
     int window,                      // -1 = none, else W >= 1 keys (ORT convention)
     int sink_mode,                   // 0 none, 1 per-head sink[h], 2 smooth (sigma = 0)
-    float scale) {
+    float scale
+#if WS
+    , const __grid_constant__ hk_tensor_map tmap_k,  // k as (D, skv, B Hkv): box (64, BKV, 1)
+    const __grid_constant__ hk_tensor_map tmap_v     // v, the same
+#endif
+    ) {
     extern __shared__ __attribute__((aligned(1024))) half_t kv_s[];  // the K stages, then V's
     half_t* const k_s = kv_s;
     half_t* const v_s = kv_s + KV_STAGES * BKV * HEAD_DIM;
@@ -257,8 +282,10 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
 
 #if WS
     // The K/V stages on mbarriers, filled by the producer warpgroup. Stage s has
-    //   full[s]   LOADERS arrivals, one per producer thread once its copies into s have
-    //             landed (cp.async.mbarrier.arrive.noinc): the tile is there for every warp;
+    //   full[s]   FULL_ARRIVALS: with TMA the producer thread's, which arms the phase
+    //             with the tile's bytes, and the phase completes once they have landed;
+    //             else one per producer thread once its copies into s have landed
+    //             (cp.async.mbarrier.arrive.noinc): the tile is there for every warp;
     //   empty[s]  NCONSUMERS arrivals, one per consumer thread once its warpgroup is done
     //             with s;
     // both follow the K/V stages in the dynamic buffer (16 bytes a stage). The producer loads
@@ -266,16 +293,71 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     // before it there, then leaves; the consumers never meet at a block barrier.
     const unsigned int full0 = hk_smem_u32(kv_s) + KV_STAGES * 2u * TILE_BYTES;
     const unsigned int empty0 = full0 + 8u * KV_STAGES;
+#if TMA
+    __shared__ alignas(8) hk_u64 first_bar_s;  // a windowed first tile's copies land on it
+    const unsigned int first_bar = hk_smem_u32(&first_bar_s);
+#endif
     if (tid == 0) {
 #pragma unroll
         for (int i = 0; i < KV_STAGES; ++i) {
-            hk_mbar_init(full0 + 8u * i, LOADERS);
+            hk_mbar_init(full0 + 8u * i, FULL_ARRIVALS);
             hk_mbar_init(empty0 + 8u * i, NCONSUMERS);
         }
+#if TMA
+        hk_mbar_init(first_bar, 1);
+#endif
+        hk_fence_mbar_init();  // the barriers, initialised for the TMA unit's transactions too
     }
     hk_sync();
     if (warp >= M_TILES) {
         hk_setmaxnreg_dec<PRODUCER_REGS>();
+#if TMA
+        const unsigned int k_s0 = hk_smem_u32(k_s), v_s0 = hk_smem_u32(v_s);
+        const bool issuer = tid == NCONSUMERS;  // one thread issues every copy
+        const int bh = b * Hkv + kvh;           // the maps' third coordinate: the KV head
+        // Tile t into stage st, completing on barrier bar: its K and V boxes, a column block
+        // of 64 dims each.
+        auto copy = [&](int t, int st, unsigned int bar) {
+            hk_mbar_arrive_expect_tx(bar, 2u * TILE_BYTES);
+#pragma unroll
+            for (int cb = 0; cb < HEAD_DIM / 64; ++cb) {
+                const unsigned int dst = st * TILE_BYTES + cb * CBLOCK_BYTES;
+                hk_tma_load_3d(k_s0 + dst, &tmap_k, 64 * cb, t * BKV, bh, bar);
+                hk_tma_load_3d(v_s0 + dst, &tmap_v, 64 * cb, t * BKV, bh, bar);
+            }
+        };
+        if (issuer) {
+            hk_tma_prefetch_map(&tmap_k);
+            hk_tma_prefetch_map(&tmap_v);
+        }
+        int t = t0;
+        const int below = kv_start - t0 * BKV;  // keys of the first tile below every row's window
+        if (below > 0 && t < t_end) {  // block-uniform: the first tile, with those keys zeroed
+            if (issuer) copy(t, 0, first_bar);
+            hk_mbar_wait(first_bar, 0);
+            // whole 128-byte rows [0, below) of each column block (the swizzle only moves the
+            // 16-byte chunks within a row): 8 below chunks a block
+            const int chunks = 8 * below;
+            for (int i = tid - NCONSUMERS; i < chunks * (HEAD_DIM / 64); i += 128) {
+                const unsigned int at = (i / chunks) * CBLOCK_BYTES + 16u * (i % chunks);
+                hk_st_shared_zero16(k_s0 + at);
+                hk_st_shared_zero16(v_s0 + at);
+            }
+            hk_fence_proxy_async();  // the zeros, visible to wgmma's operand reads ...
+            hk_named_sync(1 + NWG, 128);  // ... once every producer thread has written its own
+            if (issuer) hk_mbar_arrive(full0);  // stage 0's one arrival, no bytes
+            ++t;
+        }
+        if (issuer) {
+            int st = t - t0, round = 0;  // 0 or 1: the stages are >= 2
+            for (; t < t_end; ++t) {
+                if (round > 0) hk_mbar_wait(empty0 + 8u * st, (round - 1) & 1);
+                copy(t, st, full0 + 8u * st);
+                if (++st == KV_STAGES) st = 0, ++round;
+            }
+        }
+        return;
+#else
         const hk_u64 kv_base = ((hk_u64)b * Hkv + kvh) * (hk_u64)S_cap * HEAD_DIM;
         const unsigned int k_s0 = hk_smem_u32(k_s), v_s0 = hk_smem_u32(v_s);
         int st = 0, round = 0;
@@ -288,6 +370,7 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
         hk_cp_async_commit();  // every copy has landed before the producer leaves
         hk_cp_async_wait<0>();
         return;
+#endif
     }
     hk_setmaxnreg_inc<CONSUMER_REGS>();
 #endif
@@ -359,7 +442,9 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     auto start = [&]() {};
     auto acquire = [&](int, int st, unsigned int round) {
         hk_mbar_wait(full0 + 8u * st, round & 1);  // tile t has landed
+#if !TMA  // TMA writes through the async proxy, which wgmma reads through
         hk_fence_proxy_async();  // the copies, visible to wgmma's operand reads
+#endif
     };
     auto release = [&](int, int st) { hk_mbar_arrive(empty0 + 8u * st); };
 #elif MBAR_PIPE

@@ -52,6 +52,8 @@ HK_INLINE void hk_fence_proxy_async() { asm volatile("fence.proxy.async.shared::
 HK_INLINE void hk_mbar_init(unsigned int bar, unsigned int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 }
+// After the inits: they are visible to the async proxy (TMA's transactions) too.
+HK_INLINE void hk_fence_mbar_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
 HK_INLINE void hk_mbar_arrive(unsigned int bar) {  // release: this thread's accesses before it
     asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.shared::cta.b64 st, [%0];\n}" ::"r"(bar) : "memory");
 }
@@ -66,6 +68,35 @@ HK_INLINE void hk_mbar_wait(unsigned int bar, unsigned int parity) {  // acquire
         asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
                      " selp.u32 %0, 1, 0, p;\n}" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
     } while (!done);
+}
+// The tensor memory accelerator (TMA): a copy of a whole box of a tensor from global into
+// shared memory, issued by one thread, described by a tensor map that the host encodes
+// (cuTensorMapEncodeTiled: the tensor's dims and strides, the box, the swizzle, and what fills
+// the elements of a box outside the tensor; hipkernel.api.kv_tensor_maps) and passes as a
+// __grid_constant__ kernel parameter. The copy completes on an mbarrier as a transaction of
+// the box's bytes (out-of-bounds elements included): the thread that arms the barrier says
+// how many bytes its phase waits for (arrive.expect_tx), the copies count them down.
+struct alignas(64) hk_tensor_map {
+    hk_u64 opaque[16];  // CUtensorMap: 128 bytes, 64-byte aligned
+};
+HK_INLINE void hk_mbar_arrive_expect_tx(unsigned int bar, unsigned int bytes) {  // one arrival
+    asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}"
+                 ::"r"(bar), "r"(bytes) : "memory");
+}
+// The box at element coordinates (c0, c1, c2) (c0 the contiguous dimension) into shared memory
+// at dst (a 128-byte swizzled box must start on a 1024-byte boundary), completing on bar.
+HK_INLINE void hk_tma_load_3d(unsigned int dst, const hk_tensor_map* map, int c0, int c1, int c2,
+                              unsigned int bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3, %4}], [%5];"
+        ::"r"(dst), "l"((hk_u64)map), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
+}
+HK_INLINE void hk_st_shared_zero16(unsigned int addr) {  // 16 zero bytes at a shared address
+    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(addr), "r"(0u) : "memory");
+}
+HK_INLINE void hk_tma_prefetch_map(const hk_tensor_map* map) {  // the descriptor, into its cache
+    asm volatile("prefetch.tensormap [%0];" ::"l"((hk_u64)map) : "memory");
 }
 // Move registers between the warpgroups of a block (a per-block pool): dec gives this
 // warpgroup's down to N a thread, inc waits until the pool has enough to raise them to N.
