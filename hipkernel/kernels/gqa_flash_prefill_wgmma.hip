@@ -267,7 +267,9 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     const int t4 = lane & 3;  // ... and its fragment columns 2 * t4, 2 * t4 + 1 (+ 8)
     const int qt = hk_block_x(), h = hk_block_y(), b = hk_block_z();
     const int kvh = kv_head(h, Hq, Hkv);
+#if !TMA  // (with TMA the tensor maps' bound: hipkernel.api.kv_tensor_maps)
     const int skv = past_len + Sq;  // keys that exist; [skv, S_cap) is never read
+#endif
     const int past = query_base(past_len);  // row i sits at absolute position past + i
 
     // This block's rows and the KV range they can reach.
