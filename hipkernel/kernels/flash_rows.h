@@ -53,16 +53,16 @@ HK_INLINE void mask_scores(float (&s)[NB_S][4], int j0, int t4, const int (&p)[2
 //   update has only invisible keys: its shift is 0, so its p are 0 too.
 // acc is scaled by alpha here (not when `fresh`: a row's first tile, whose acc is not set
 // yet and which the caller's P.V overwrites); the caller adds P.V.
-template <int NB_S, int NB_O>
-HK_INLINE void softmax_step(float (&s)[NB_S][4], float (&m)[2], float (&l)[2], float (&o)[NB_O][4],
-                            float c2, bool has_sink, float sig2, bool fresh = false) {
+template <int NB_S>
+HK_INLINE bool softmax_scores(float (&s)[NB_S][4], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                              float c2, bool has_sink, float sig2) {
     float m_tile[2] = {hk_neg_inf(), hk_neg_inf()};
 #pragma unroll
     for (int nb = 0; nb < NB_S; ++nb)
 #pragma unroll
         for (int e = 0; e < 4; ++e) m_tile[e >> 1] = hk_fmax(m_tile[e >> 1], s[nb][e]);
 
-    float m_new[2], alpha[2], neg_m[2], l_tile[2] = {0.0f, 0.0f};
+    float m_new[2], neg_m[2], l_tile[2] = {0.0f, 0.0f};
     bool update[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -111,14 +111,32 @@ HK_INLINE void softmax_step(float (&s)[NB_S][4], float (&m)[2], float (&l)[2], f
         if (has_sink && update[r]) l[r] += hk_exp2(sig2 - m_new[r]);  // split-KV bug
 #endif
     }
-    if (fresh) return;
 #if RESCALE_LOG2 > 0
-    if (rescale)
+    return rescale;
+#else
+    return true;
 #endif
+}
+
+// acc *= alpha, row by row, when softmax_scores asked for it.
+template <int NB_O>
+HK_INLINE void rescale_acc(float (&o)[NB_O][4], const float (&alpha)[2], bool rescale) {
+    if (rescale)
 #pragma unroll
         for (int nd = 0; nd < NB_O; ++nd)
 #pragma unroll
             for (int e = 0; e < 4; ++e) o[nd][e] *= alpha[e >> 1];
+}
+
+// One whole online-softmax step: the scores, then acc scaled (not when `fresh`: a row's
+// first tile, whose acc is not set yet and which the caller's P.V overwrites); the caller
+// adds P.V.
+template <int NB_S, int NB_O>
+HK_INLINE void softmax_step(float (&s)[NB_S][4], float (&m)[2], float (&l)[2], float (&o)[NB_O][4],
+                            float c2, bool has_sink, float sig2, bool fresh = false) {
+    float alpha[2];
+    const bool rescale = softmax_scores(s, m, l, alpha, c2, has_sink, sig2);
+    if (!fresh) rescale_acc(o, alpha, rescale);
 }
 
 // P of keys [16 kc, 16 kc + 16) as an MMA A fragment, rounded to fp16: the S fragments of

@@ -6,8 +6,9 @@
 // (docs/ARCHITECTURE.md "Kernel ABI"):
 //   compile-time  HEAD_DIM (64 | 128), M_TILES (16-row groups, a multiple of 4), BKV (keys
 //                 per tile: 32, 64 or 128), KV_STAGES (K/V tile buffers, >= 1), WS (0 | 1:
-//                 a producer warpgroup, below), RESCALE_LOG2 (lazy rescaling, flash_rows.h;
-//                 KernelConfig.rescale_log2 sets it, the model follows)
+//                 a producer warpgroup, below; with it TMA and OVERLAP, on by default),
+//                 RESCALE_LOG2 (lazy rescaling, flash_rows.h; KernelConfig.rescale_log2
+//                 sets it, the model follows)
 //   grid          (ceil(Sq / BM), Hq, B), BM = 16 * M_TILES
 //   block         32 * M_TILES threads = M_TILES / 4 warpgroups, + 128 with WS; warpgroup w
 //                 < M_TILES / 4 owns query rows [64 w, 64 w + 64) of the Q tile, its warp x
@@ -38,7 +39,8 @@
 // (dims 8 c .. 8 c + 7 of its block) sits at
 //   byte(key j, chunk c) = block * CBLOCK_BYTES + 128 j + 16 (c ^ (j % 8))
 // so a warp's cp.async of whole rows writes whole 128-byte shared rows (the no-swizzle
-// layout before it wrote 8-key columns: 32 shared wavefronts a copy instruction, not 4).
+// layout before it wrote 8-key columns: 32 shared wavefronts a copy instruction, not 4), and
+// it is the layout a TMA copy with the 128-byte swizzle writes (the producer's, WS).
 // K and V use the same layout, and every tile starts on a 1024-byte boundary.
 //   K as B of S = Q K^T (n = key, k = dim: K-major):  SBO = 1024 (8 keys), 16 dims on = 32 bytes
 //   V as B of O = P V   (k = key, n = dim: MN-major): SBO = 1024 (8 keys), LBO = CBLOCK_BYTES
@@ -159,6 +161,23 @@
 #elif !MBAR_PIPE
 #define PENDING (KV_STAGES > 1 ? KV_STAGES - 2 : 0)  // cp.async groups after tile t's
 #endif
+// OVERLAP (FlashAttention-3's intra-warpgroup overlap; with the TMA producer): a consumer
+// warpgroup issues tile t's Q K^T and the previous tile's P.V together and runs tile t's
+// softmax while that P.V is on the tensor cores; acc is scaled once it has landed, and the
+// previous tile's stage is released then. The sums and their order are OVERLAP 0's (the
+// first tile's P.V is of P = 0, adding zeros). It needs the owed P (32 registers at d 128)
+// beside Q, S and acc: 240 registers a consumer hold them without spilling, the owed
+// tile's stage derived from the current one and the sink logit kept in shared memory until
+// the epilogue; at 216 (the cp.async producer's) ptxas spilled 44 bytes and serialized the
+// wgmma. On the H200 (d 128, TMA, same process, bit-identical; a first version that spilled
+// 28 bytes; reports/wip/session27/call3): 16384@0 4.03 / 4.02 ms against 4.17 / 4.19
+// without it, 512@8192 0.1188 / 0.1198 against 0.1228 / 0.1224.
+#ifndef OVERLAP
+#define OVERLAP TMA
+#endif
+#if OVERLAP && !WS
+#error "OVERLAP needs the producer (WS)"
+#endif
 // PINGPONG: the warpgroups issue their Q K^T wgmma in turn (0, 1, ..., NWG - 1, 0, ...),
 // passing a token on named barriers 1 + w (two warpgroups' threads each), so that one's
 // softmax runs while the next multiplies. On the H200 with four free-running warpgroups
@@ -167,12 +186,15 @@
 // not pay (docs/performance.md). Off since the swizzled layout: with the shared pipe no
 // longer taken by the copies, it cost 2.6 % at 16384@0 (5.274 / 5.307 ms against 5.137 /
 // 5.163 without) and 2 % at 512@8192 (reports/ab/wgmma-swizzle-tune-d64.json). With the
-// producer (d 128, wgmma_m8_b128_ws) it pays on the swizzled layout: 16384@0 4.588 / 4.606 ms
-// against 4.688 / 4.696, 512@8192 0.1370 / 0.1371 against 0.1407 / 0.1409
-// (reports/ab/wgmma-pingpong-ws-d128.json): on with WS, off without.
+// cp.async producer (d 128, wgmma_m8_b128_ws) it paid on the swizzled layout: 16384@0
+// 4.588 / 4.606 ms against 4.688 / 4.696, 512@8192 0.1370 / 0.1371 against 0.1407 / 0.1409
+// (reports/ab/wgmma-pingpong-ws-d128.json). With the TMA producer it still pays without
+// OVERLAP (512@8192 0.1228 / 0.1224 against 0.1260 / 0.1259 without it; 16384@0 4.17 / 4.19
+// against 4.19 / 4.20), and not with it (16384@0 4.02 / 4.05 against 4.03 / 4.02, 512@8192
+// 0.1191 / 0.1217 against 0.1188 / 0.1198): on with the producer unless OVERLAP is.
 #define NWG (M_TILES / 4)  // warpgroups that own rows
 #ifndef PINGPONG
-#define PINGPONG (WS ? 1 : 0)
+#define PINGPONG (WS && !OVERLAP)
 #endif
 #if PINGPONG && NWG < 2
 #error "PINGPONG passes a token between warpgroups: M_TILES >= 8"
@@ -298,6 +320,12 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
 #if TMA
     __shared__ alignas(8) hk_u64 first_bar_s;  // a windowed first tile's copies land on it
     const unsigned int first_bar = hk_smem_u32(&first_bar_s);
+#endif
+#if OVERLAP
+    // The sink logit waits for the epilogue here: in a register through the loop, next to the
+    // owed P, ptxas spilled it (240 registers a consumer).
+    __shared__ float sig2_s;
+    if (tid == 0) sig2_s = sig2;
 #endif
     if (tid == 0) {
 #pragma unroll
@@ -536,6 +564,36 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     const int wg = warp >> 2;
     if (wg == NWG - 1) hk_named_arrive(1, 256);  // warpgroup 0 goes first
 #endif
+    // acc += P.V of one tile (v_lo: its V descriptor's low word), P from registers.
+    auto pv = [&](const unsigned int (&pa)[KC_P][4], unsigned int v_lo) {
+        hk_wgmma_fence_acc(o);
+        hk_wgmma_fence();
+#pragma unroll
+        for (int kc = 0; kc < KC_P; ++kc)  // 16 keys on: two 8-key groups of 1024 bytes
+            hk_wgmma<HEAD_DIM, 1, DESC_SW128 | 64u>(o, pa[kc], v_lo + (2048u >> 4) * kc, 1);
+        hk_wgmma_commit();
+    };
+#if OVERLAP
+    // The P.V owed (`pending`): the P of the tile before (zeros before the first, whose P.V
+    // then adds 0 times that tile's own V). A warpgroup computes consecutive tiles, so the
+    // tile owed is always the one before the current: its stage is `prev(st)`.
+    unsigned int pa_p[KC_P][4];
+#pragma unroll
+    for (int kc = 0; kc < KC_P; ++kc)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) pa_p[kc][e] = 0u;
+    bool pending = false;
+    auto prev = [](int st) { return st == 0 ? KV_STAGES - 1 : st - 1; };
+    auto settle = [&](int st) {  // the owed P.V, issued and waited for here, then its stage freed
+        if (pending) {
+            pv(pa_p, v_lo0 + prev(st) * (TILE_BYTES >> 4));
+            hk_wgmma_wait<0>();
+            hk_wgmma_fence_acc(o);
+            release(0, prev(st));
+            pending = false;
+        }
+    };
+#endif
     int st = 0;              // tile t's stage ...
     unsigned int round = 0;  // ... and its round
     for (int t = t0; t < t_end; ++t) {
@@ -557,15 +615,37 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
                 // 16 dims on: 32 bytes into the row, the next column block every 4
                 hk_wgmma<BKV, 0, DESC_SW128 | 64u>(s, qf[kc], k_lo + ((kc >> 2) * CBLOCK_BYTES + 32u * (kc & 3) >> 4), kc > 0);
             hk_wgmma_commit();
+#if OVERLAP
+            pv(pa_p, v_lo0 + (pending ? prev(st) : st) * (TILE_BYTES >> 4));  // the tile before's P.V, behind this Q K^T
+#endif
 #if PINGPONG
             if (wg != NWG - 1 || t + 1 < t_end) hk_named_arrive(1 + (wg + 1) % NWG, 256);  // the next one's turn
 #endif
-            hk_wgmma_wait<0>();
+            hk_wgmma_wait<OVERLAP>();  // Q K^T has landed (with OVERLAP, P.V may not have)
             hk_wgmma_fence_acc(s);
 
             // A tile every row of the warp sees whole needs no per-element test.
             const bool whole = t >= tw_lo && t < tw_hi;
             if (!whole) mask_scores(s, j0, t4, p_r, window);
+#if OVERLAP
+            float alpha[2];
+            const bool rescale = softmax_scores(s, m, l, alpha, c2, has_sink, sig2);
+            hk_wgmma_wait<0>();  // the previous tile's P.V has landed in acc
+            hk_wgmma_fence_acc(o);
+            rescale_acc(o, alpha, rescale);
+#pragma unroll
+            for (int kc = 0; kc < KC_P; ++kc) p_fragment(pa_p[kc], s, kc);
+            if (pending) release(0, prev(st));
+            pending = true;
+        }
+#if PINGPONG
+        else if (wg != NWG - 1 || t + 1 < t_end) hk_named_arrive(1 + (wg + 1) % NWG, 256);
+#endif
+        if (skip) {  // the owed P.V, if any, then this tile's stage
+            settle(st);
+            release(t, st);
+        }
+#else
             softmax_step(s, m, l, o, c2, has_sink, sig2);
 
             // acc += P.V over every key of the tile, P rounded to fp16: p = 0 times a key no
@@ -573,12 +653,7 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
             unsigned int pa[KC_P][4];
 #pragma unroll
             for (int kc = 0; kc < KC_P; ++kc) p_fragment(pa[kc], s, kc);
-            hk_wgmma_fence_acc(o);
-            hk_wgmma_fence();
-#pragma unroll
-            for (int kc = 0; kc < KC_P; ++kc)  // 16 keys on: two 8-key groups of 1024 bytes
-                hk_wgmma<HEAD_DIM, 1, DESC_SW128 | 64u>(o, pa[kc], v_lo + (2048u >> 4) * kc, 1);
-            hk_wgmma_commit();
+            pv(pa, v_lo);
             hk_wgmma_wait<0>();
             hk_wgmma_fence_acc(o);
         }
@@ -586,13 +661,21 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
         else if (wg != NWG - 1 || t + 1 < t_end) hk_named_arrive(1 + (wg + 1) % NWG, 256);
 #endif
         release(t, st);
+#endif
         if (++st == KV_STAGES) st = 0, ++round;
     }
+#if OVERLAP
+    settle(st);  // the last tile's P.V
+#endif
 
     // Epilogue: the sink, then out = acc * (1 / l).
     half_t* orow[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r)
         orow[r] = i_r[r] < Sq ? out + (((hk_u64)b * Sq + i_r[r]) * Hq + h) * HEAD_DIM + 2 * t4 : nullptr;
+#if OVERLAP
+    finish_rows(o, m, l, has_sink, sig2_s, orow);
+#else
     finish_rows(o, m, l, has_sink, sig2, orow);
+#endif
 }
