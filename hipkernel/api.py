@@ -102,8 +102,8 @@ def kernel_defines(d: int, config: KernelConfig, mutants=frozenset()) -> dict:
 
 def kv_tensor_maps(backend, config: KernelConfig, *, k, v, B: int, Hkv: int, d: int, S_cap: int,
                    skv: int, mutants=frozenset()) -> list[tuple]:
-    """The two trailing kernel arguments of a config with a producer warpgroup (``ws``): the
-    tensor maps of its TMA copies (kernels/gqa_flash_prefill_wgmma.hip, "TMA"), ``k`` then
+    """The two trailing kernel arguments of a config that copies with TMA (``config.tma``):
+    the tensor maps of its copies (kernels/gqa_flash_prefill_wgmma.hip, "TMA"), ``k`` then
     ``v``, each the cache ``(B, Hkv, S_cap, d)`` seen as ``(d, rows, B * Hkv)`` with a box of
     one 64-dim column block of a ``bkv``-key tile. ``rows`` is what the copies may read of a
     KV head, ``skv``: the map's bound zero-fills the keys past it, which is the TMA path's
@@ -111,7 +111,7 @@ def kv_tensor_maps(backend, config: KernelConfig, *, k, v, B: int, Hkv: int, d: 
     canaries included. [] for every other config."""
     from hipkernel.backends import TensorMap
 
-    if not config.ws:
+    if not config.tma:
         return []
     rows = S_cap if "tail_unmasked" in mutants else skv
     dims, strides, box = (d, rows, B * Hkv), (2 * d, 2 * d * S_cap), (64, config.bkv, 1)
@@ -123,7 +123,7 @@ def kernel_args(backend, config: KernelConfig, *, q, k, v, sink, out, B: int, Sq
                 scale: float, mutants=frozenset()) -> list[tuple]:
     """The kernel ABI's argument list (docs/ARCHITECTURE.md "Kernel ABI") of ``config`` on
     device buffers: the thirteen arguments of every path (``sink_mode`` the ABI's integer,
-    ``sink`` 0 unless it is 1), plus the tensor maps of a config with a producer
+    ``sink`` 0 unless it is 1), plus the tensor maps of a config that copies with TMA
     (``kv_tensor_maps``, built for ``mutants``)."""
     return [
         (ctypes.c_void_p, q), (ctypes.c_void_p, k), (ctypes.c_void_p, v),

@@ -173,6 +173,13 @@ class KernelConfig:
             raise ValueError(f"bkv: path {self.path!r} needs bkv in {AMD_MMA_BKV}, got {self.bkv}")
 
     @property
+    def tma(self) -> bool:
+        """Whether the kernel copies its K/V tiles with TMA, and so takes the two tensor maps
+        of ``hipkernel.api.kv_tensor_maps`` after ``scale``: the wgmma tile with a producer
+        warpgroup (``ws``; the kernel's TMA)."""
+        return self.path == "wgmma" and self.ws
+
+    @property
     def block_rows(self) -> int:
         """BM: query rows per block."""
         return 16 * self.m_tiles

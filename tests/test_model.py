@@ -599,6 +599,10 @@ def test_ws_config_geometry_and_shared_memory():
     assert (big.kv_stages(128), big.fits(128), big.name) == (3, True, "wgmma_m8_b128_ws")
     assert big.dynamic_smem_bytes(128) == 3 * 64 * 1024 + 3 * 16 == 196656
     assert api.kernel_defines(128, c) == {**c.defines(128)}  # no mutants: the config's macros
+    # the producer copies with TMA (and its kernel takes the tensor maps); no other tile does
+    assert [cfg.tma for cfg in (c, plain, big, KernelConfig(16, 64, "wgmma"), KernelConfig(4, 64, "mma"),
+                                KernelConfig(4, 136, "wgspan", pack=8, walk=4))] == [
+        True, False, True, False, False, False]
 
 
 @pytest.mark.parametrize("kw", [

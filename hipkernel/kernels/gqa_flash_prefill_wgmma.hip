@@ -93,6 +93,20 @@
 #ifndef WS
 #define WS 0
 #endif
+// LOAD_RR (the self-loading mbarrier pipeline, four warpgroups): the warpgroups load the
+// tiles in turn, tile t by warpgroup (t - t0) % 4, 8 copies a thread, instead of every thread
+// 2 copies of each; a tile's full barrier then counts one warpgroup's arrivals. On the H200
+// (wgmma_m16_b64, same process, bit-identical) 16384@0 ran 5.072 / 5.087 ms against 5.156 /
+// 5.128, 512@8192 0.1557 / 0.1554 against 0.1603 / 0.1606 (reports/ab/wgmma-load-rr-d64.json).
+// (TMA copies by one thread of the loading warpgroup ran slower there: 16384@0 5.22 / 5.24 /
+// 5.22 ms against 5.06 / 5.06, 512@8192 0.1630 against 0.1567-0.1573; reports/wip/session27,
+// tma-self-loading-d64.patch.)
+#ifndef LOAD_RR
+#define LOAD_RR (!WS && M_TILES >= 16)
+#endif
+#if LOAD_RR && WS
+#error "LOAD_RR is the self-loading pipeline's (no WS)"
+#endif
 #ifndef TMA
 #define TMA WS
 #endif
@@ -114,14 +128,6 @@
 #endif
 #else
 #define NTHREADS NCONSUMERS
-// LOAD_RR (the self-loading mbarrier pipeline, four warpgroups): the warpgroups load the
-// tiles in turn, tile t by warpgroup (t - t0) % 4, 8 copies a thread, instead of every thread
-// 2 copies of each; a tile's full barrier then counts one warpgroup's arrivals. On the H200
-// (wgmma_m16_b64, same process, bit-identical) 16384@0 ran 5.072 / 5.087 ms against 5.156 /
-// 5.128, 512@8192 0.1557 / 0.1554 against 0.1603 / 0.1606 (reports/ab/wgmma-load-rr-d64.json).
-#ifndef LOAD_RR
-#define LOAD_RR (M_TILES >= 16)
-#endif
 #if LOAD_RR
 #define LOADERS 128
 #else
@@ -173,7 +179,7 @@
 // 28 bytes; reports/wip/session27/call3): 16384@0 4.03 / 4.02 ms against 4.17 / 4.19
 // without it, 512@8192 0.1188 / 0.1198 against 0.1228 / 0.1224.
 #ifndef OVERLAP
-#define OVERLAP TMA
+#define OVERLAP (WS && TMA)
 #endif
 #if OVERLAP && !WS
 #error "OVERLAP needs the producer (WS)"
@@ -255,6 +261,44 @@ HK_INLINE void load_tile(const half_t* kg, const half_t* vg, unsigned int k_s0, 
     }
 }
 
+#if TMA
+// TMA: KV tile t into stage st, by one thread, completing on mbarrier bar (armed here with
+// the tile's bytes): its K and V boxes, a column block of 64 dims each, of KV head bh (the
+// maps' third coordinate). Keys past the maps' rows (skv) land as zeros.
+HK_INLINE void tma_tile(const hk_tensor_map* tmap_k, const hk_tensor_map* tmap_v, unsigned int k_s0,
+                        unsigned int v_s0, int t, int st, int bh, unsigned int bar) {
+    hk_mbar_arrive_expect_tx(bar, 2u * TILE_BYTES);
+#pragma unroll
+    for (int cb = 0; cb < HEAD_DIM / 64; ++cb) {
+        const unsigned int dst = st * TILE_BYTES + cb * CBLOCK_BYTES;
+        hk_tma_load_3d(k_s0 + dst, tmap_k, 64 * cb, t * BKV, bh, bar);
+        hk_tma_load_3d(v_s0 + dst, tmap_v, 64 * cb, t * BKV, bh, bar);
+    }
+}
+
+// TMA: the first tile t0 of a block whose window starts inside it (kv_start > t0 BKV), into
+// stage 0 with its keys below kv_start zeroed (key_kept), then released on full0. Called by
+// the 128 threads of one warpgroup (lt its thread, 0 the one that copies): the copy lands
+// on first_bar, the warpgroup zeroes whole 128-byte rows [0, below) of each column block
+// (the swizzle only moves the 16-byte chunks within a row), and after a proxy fence and
+// the warpgroup's named barrier `bar_id` thread 0 makes stage 0's one arrival, with no bytes.
+HK_INLINE void tma_first_tile_zeroed(const hk_tensor_map* tmap_k, const hk_tensor_map* tmap_v,
+                                     unsigned int k_s0, unsigned int v_s0, int t0, int below, int bh,
+                                     unsigned int first_bar, unsigned int full0, int lt, int bar_id) {
+    if (lt == 0) tma_tile(tmap_k, tmap_v, k_s0, v_s0, t0, 0, bh, first_bar);
+    hk_mbar_wait(first_bar, 0);
+    const int chunks = 8 * below;  // 16-byte chunks of a column block's rows below kv_start
+    for (int i = lt; i < chunks * (HEAD_DIM / 64); i += 128) {
+        const unsigned int at = (i / chunks) * CBLOCK_BYTES + 16u * (i % chunks);
+        hk_st_shared_zero16(k_s0 + at);
+        hk_st_shared_zero16(v_s0 + at);
+    }
+    hk_fence_proxy_async();  // the zeros, visible to wgmma's operand reads ...
+    hk_named_sync(bar_id, 128);  // ... once every thread of the warpgroup has written its own
+    if (lt == 0) hk_mbar_arrive(full0);
+}
+#endif
+
 extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_prefill(
     const half_t* HK_RESTRICT q,     // (B, Sq, Hq, D)      contiguous
     const half_t* HK_RESTRICT k,     // (B, Hkv, S_cap, D)  contiguous, S_cap >= past_len + Sq
@@ -265,7 +309,7 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     int window,                      // -1 = none, else W >= 1 keys (ORT convention)
     int sink_mode,                   // 0 none, 1 per-head sink[h], 2 smooth (sigma = 0)
     float scale
-#if WS
+#if TMA
     , const __grid_constant__ hk_tensor_map tmap_k,  // k as (D, skv, B Hkv): box (64, BKV, 1)
     const __grid_constant__ hk_tensor_map tmap_v     // v, the same
 #endif
@@ -303,6 +347,12 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     const int t_end = (p_last + 1 + BKV - 1) / BKV;
     const bool has_sink = sink_present(sink_mode);
     const float sig2 = sink_logit2(sink, sink_mode, h);
+#if TMA
+    __shared__ alignas(8) hk_u64 first_bar_s;  // a windowed first tile's copies land on it
+    const unsigned int first_bar = hk_smem_u32(&first_bar_s);
+    const int bh = b * Hkv + kvh;               // the tensor maps' third coordinate
+    const int below = kv_start - t0 * BKV;      // keys of the first tile below every row's window
+#endif
 
 #if WS
     // The K/V stages on mbarriers, filled by the producer warpgroup. Stage s has
@@ -317,10 +367,6 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     // before it there, then leaves; the consumers never meet at a block barrier.
     const unsigned int full0 = hk_smem_u32(kv_s) + KV_STAGES * 2u * TILE_BYTES;
     const unsigned int empty0 = full0 + 8u * KV_STAGES;
-#if TMA
-    __shared__ alignas(8) hk_u64 first_bar_s;  // a windowed first tile's copies land on it
-    const unsigned int first_bar = hk_smem_u32(&first_bar_s);
-#endif
 #if OVERLAP
     // The sink logit waits for the epilogue here: in a register through the loop, next to the
     // owed P, ptxas spilled it (240 registers a consumer).
@@ -344,45 +390,21 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
 #if TMA
         const unsigned int k_s0 = hk_smem_u32(k_s), v_s0 = hk_smem_u32(v_s);
         const bool issuer = tid == NCONSUMERS;  // one thread issues every copy
-        const int bh = b * Hkv + kvh;           // the maps' third coordinate: the KV head
-        // Tile t into stage st, completing on barrier bar: its K and V boxes, a column block
-        // of 64 dims each.
-        auto copy = [&](int t, int st, unsigned int bar) {
-            hk_mbar_arrive_expect_tx(bar, 2u * TILE_BYTES);
-#pragma unroll
-            for (int cb = 0; cb < HEAD_DIM / 64; ++cb) {
-                const unsigned int dst = st * TILE_BYTES + cb * CBLOCK_BYTES;
-                hk_tma_load_3d(k_s0 + dst, &tmap_k, 64 * cb, t * BKV, bh, bar);
-                hk_tma_load_3d(v_s0 + dst, &tmap_v, 64 * cb, t * BKV, bh, bar);
-            }
-        };
         if (issuer) {
             hk_tma_prefetch_map(&tmap_k);
             hk_tma_prefetch_map(&tmap_v);
         }
         int t = t0;
-        const int below = kv_start - t0 * BKV;  // keys of the first tile below every row's window
-        if (below > 0 && t < t_end) {  // block-uniform: the first tile, with those keys zeroed
-            if (issuer) copy(t, 0, first_bar);
-            hk_mbar_wait(first_bar, 0);
-            // whole 128-byte rows [0, below) of each column block (the swizzle only moves the
-            // 16-byte chunks within a row): 8 below chunks a block
-            const int chunks = 8 * below;
-            for (int i = tid - NCONSUMERS; i < chunks * (HEAD_DIM / 64); i += 128) {
-                const unsigned int at = (i / chunks) * CBLOCK_BYTES + 16u * (i % chunks);
-                hk_st_shared_zero16(k_s0 + at);
-                hk_st_shared_zero16(v_s0 + at);
-            }
-            hk_fence_proxy_async();  // the zeros, visible to wgmma's operand reads ...
-            hk_named_sync(1 + NWG, 128);  // ... once every producer thread has written its own
-            if (issuer) hk_mbar_arrive(full0);  // stage 0's one arrival, no bytes
+        if (below > 0 && t < t_end) {  // block-uniform
+            tma_first_tile_zeroed(&tmap_k, &tmap_v, k_s0, v_s0, t0, below, bh, first_bar, full0,
+                                  tid - NCONSUMERS, 1 + NWG);
             ++t;
         }
         if (issuer) {
             int st = t - t0, round = 0;  // 0 or 1: the stages are >= 2
             for (; t < t_end; ++t) {
                 if (round > 0) hk_mbar_wait(empty0 + 8u * st, (round - 1) & 1);
-                copy(t, st, full0 + 8u * st);
+                tma_tile(&tmap_k, &tmap_v, k_s0, v_s0, t, st, bh, full0 + 8u * st);
                 if (++st == KV_STAGES) st = 0, ++round;
             }
         }
@@ -616,7 +638,7 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
                 hk_wgmma<BKV, 0, DESC_SW128 | 64u>(s, qf[kc], k_lo + ((kc >> 2) * CBLOCK_BYTES + 32u * (kc & 3) >> 4), kc > 0);
             hk_wgmma_commit();
 #if OVERLAP
-            pv(pa_p, v_lo0 + (pending ? prev(st) : st) * (TILE_BYTES >> 4));  // the tile before's P.V, behind this Q K^T
+            pv(pa_p, pending ? v_lo0 + prev(st) * (TILE_BYTES >> 4) : v_lo);  // the tile before's P.V, behind this Q K^T
 #endif
 #if PINGPONG
             if (wg != NWG - 1 || t + 1 < t_end) hk_named_arrive(1 + (wg + 1) % NWG, 256);  // the next one's turn
