@@ -316,11 +316,14 @@ class KernelConfig:
 
     def dynamic_smem_bytes(self, d: int) -> int:
         """The dynamic shared memory a launch at head dim ``d`` passes: the wgmma path's
-        K/V stages and their two mbarriers (16 bytes a stage); 0 on the other paths (their
-        shared memory is static); on the wgspan path its chunk buffers."""
+        K/V stages and their two mbarriers (16 bytes a stage), with a producer (``ws``) 16
+        bytes more (the TMA copies' first-tile mbarrier and the sink logit's word); 0 on the
+        other paths (their shared memory is static); on the wgspan path its chunk buffers."""
         if self.path == "wgspan":
             return self.smem_bytes(d)
-        return self.smem_bytes(d) + 16 * self.kv_stages(d) if self.path == "wgmma" else 0
+        if self.path != "wgmma":
+            return 0
+        return self.smem_bytes(d) + 16 * self.kv_stages(d) + (16 if self.ws else 0)
 
     def rescale_log2(self, d: int) -> int:
         """The lazy-rescaling threshold at head dim ``d`` (``WGMMA_RESCALE_LOG2`` on the

@@ -282,7 +282,7 @@ def test_wgmma_config_needs_an_sm90_target():
         launch = be.launches[-1]
         assert launch["kernel"] == {"HEAD_DIM": 128, "M_TILES": 8, "BKV": 128, "KV_STAGES": 3, "WS": 1}
         assert launch["block"] == (384, 1, 1) and launch["grid"] == (1, 8, 1)
-        assert launch["shared_mem"] == 3 * 64 * 1024 + 3 * 16
+        assert launch["shared_mem"] == 3 * 64 * 1024 + 3 * 16 + 16
     with pytest.raises(ValueError, match="^config: ws: "):  # a producer on the mma path
         api.flash_prefill_v3(RecordingBackend(arch="sm_90"), 0x100, 0x200, 0x300, 0, 0x500,
                              config={"path": "mma", "m_tiles": 8, "bkv": 64, "ws": True}, **geom)

@@ -590,14 +590,14 @@ def test_ws_config_geometry_and_shared_memory():
     assert (c.name, c.threads, c.block_rows) == ("wgmma_m8_b64_ws", 384, 128)
     assert c.grid(1000, 64, 2) == plain.grid(1000, 64, 2) == (8, 64, 2)
     assert (c.kv_stages(128), c.smem_bytes(128)) == (6, 6 * 2 * 64 * 128 * 2) == (6, 192 * 1024)
-    assert c.dynamic_smem_bytes(128) == 192 * 1024 + 6 * 16
+    assert c.dynamic_smem_bytes(128) == 192 * 1024 + 6 * 16 + 16  # + the TMA first-tile barrier, the sink word
     assert c.defines(128) == {"HEAD_DIM": 128, "M_TILES": 8, "BKV": 64, "KV_STAGES": 6, "WS": 1}
     assert "WS" not in plain.defines(128) and plain.kv_stages(128) == 3
     # 128-key tiles at d = 128 (the tuner's ws tile) are 64 KiB a stage: three fit in 192 KiB
     # (plain: one in 96)
     big = KernelConfig(8, 128, "wgmma", ws=True)
     assert (big.kv_stages(128), big.fits(128), big.name) == (3, True, "wgmma_m8_b128_ws")
-    assert big.dynamic_smem_bytes(128) == 3 * 64 * 1024 + 3 * 16 == 196656
+    assert big.dynamic_smem_bytes(128) == 3 * 64 * 1024 + 3 * 16 + 16 == 196672
     assert api.kernel_defines(128, c) == {**c.defines(128)}  # no mutants: the config's macros
     # the producer copies with TMA (and its kernel takes the tensor maps); no other tile does
     assert [cfg.tma for cfg in (c, plain, big, KernelConfig(16, 64, "wgmma"), KernelConfig(4, 64, "mma"),

@@ -14,7 +14,7 @@
 //                 < M_TILES / 4 owns query rows [64 w, 64 w + 64) of the Q tile, its warp x
 //                 rows [16 x, 16 x + 16) of those; with WS the last warpgroup only loads
 //   shared        dynamic, KV_STAGES x (K tile + V tile) = KV_STAGES * 4 * BKV * HEAD_DIM
-//                 bytes, then two mbarriers a stage (16 bytes; KernelConfig.
+//                 bytes, then two mbarriers a stage (16 bytes; with WS 16 more, below; KernelConfig.
 //                 dynamic_smem_bytes; the launch raises the function's limit above the
 //                 default 48 KiB), BKV x HEAD_DIM halves a tile, in wgmma's 128-byte
 //                 swizzled layout (below), each tile 1024-byte aligned
@@ -86,7 +86,9 @@
 // warpgroup zeroes its keys below kv_start and only then releases it. 24 registers are
 // enough for the producer: the consumers get 240 (216 with the cp.async producer).
 // Timed with the producer copying nothing after its first round (a probe), the cp.async
-// producer's copies cost 16 % of d128 16384@0 (3.82 against 4.57 ms; reports/wip/session27).
+// producer's copies cost 16 % of d128 16384@0 (3.82 against 4.57 ms); with TMA (same
+// process, bit-identical, before OVERLAP) 16384@0 ran 4.10 / 4.14 ms against 4.52 / 4.52,
+// 512@8192 0.1211 / 0.1214 against 0.1369 / 0.1368 (reports/wip/session27, calls 1-2).
 // TMA 0: the cp.async producer, every producer thread copying its share of a tile, whose
 // unrolled copy loop of a 128-key tile at d 128 (32 cp.async a thread) needs 72 registers
 // without spilling.
@@ -348,8 +350,9 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     const bool has_sink = sink_present(sink_mode);
     const float sig2 = sink_logit2(sink, sink_mode, h);
 #if TMA
-    __shared__ alignas(8) hk_u64 first_bar_s;  // a windowed first tile's copies land on it
-    const unsigned int first_bar = hk_smem_u32(&first_bar_s);
+    // after the stages' barriers (KernelConfig.dynamic_smem_bytes: 16 bytes more with WS): the
+    // barrier a windowed first tile's copies land on, then (OVERLAP) the sink logit's word
+    const unsigned int first_bar = hk_smem_u32(kv_s) + KV_STAGES * (2u * TILE_BYTES + 16u);
     const int bh = b * Hkv + kvh;               // the tensor maps' third coordinate
     const int below = kv_start - t0 * BKV;      // keys of the first tile below every row's window
 #endif
@@ -370,8 +373,8 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
 #if OVERLAP
     // The sink logit waits for the epilogue here: in a register through the loop, next to the
     // owed P, ptxas spilled it (240 registers a consumer).
-    __shared__ float sig2_s;
-    if (tid == 0) sig2_s = sig2;
+    float* const sig2_s = reinterpret_cast<float*>(reinterpret_cast<char*>(kv_s) + KV_STAGES * (2 * TILE_BYTES + 16) + 8);
+    if (tid == 0) *sig2_s = sig2;
 #endif
     if (tid == 0) {
 #pragma unroll
@@ -696,7 +699,7 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     for (int r = 0; r < 2; ++r)
         orow[r] = i_r[r] < Sq ? out + (((hk_u64)b * Sq + i_r[r]) * Hq + h) * HEAD_DIM + 2 * t4 : nullptr;
 #if OVERLAP
-    finish_rows(o, m, l, has_sink, sig2_s, orow);
+    finish_rows(o, m, l, has_sink, *sig2_s, orow);
 #else
     finish_rows(o, m, l, has_sink, sig2, orow);
 #endif
