@@ -175,13 +175,14 @@ def test_cli_names_a_bad_argument(capsys):
 
 
 def test_run_launches_a_ws_variant_with_its_producer_and_stages():
-    """A ws config (a producer warpgroup): 128 more threads, -DWS=1, its 192 KiB of stages,
-    and the same bits as the plain tile it shares keys with (the producer only loads)."""
+    """A ws config (a producer warpgroup): 128 more threads, -DWS=1, its 192 KiB of stages
+    (and their barriers, and 16 bytes for the TMA first-tile barrier and the sink word), and
+    the same bits as the plain tile it shares keys with (the producer only loads)."""
     be = ModelBackend(arch="sm_90")
     variants = [ab.parse_variant(s) for s in (".@wgmma_m8_b128_ws", "plain=.@wgmma_m8_b128")]
     doc = ab.run(be, variants, [parse_shape("d128-40@24")], passes=1, n=2, reps=1, log=lambda s: None)
     ws = [l for l in be.launches if l["kernel"].get("WS") == 1]
-    assert ws and all(l["block"] == (384, 1, 1) and l["shared_mem"] == 3 * (64 * 1024 + 16) for l in ws)
+    assert ws and all(l["block"] == (384, 1, 1) and l["shared_mem"] == 3 * (64 * 1024 + 16) + 16 for l in ws)
     rows = {r["variant"]: r for r in doc["rows"]}
     assert rows["plain"]["bit_identical"] is True and rows[".@wgmma_m8_b128_ws"]["rel_l2"] < 2e-3
 
