@@ -176,8 +176,8 @@ class KernelConfig:
     def tma(self) -> bool:
         """Whether the kernel copies its K/V tiles with TMA, and so takes the two tensor maps
         of ``hipkernel.api.kv_tensor_maps`` after ``scale``: the wgmma tile with a producer
-        warpgroup (``ws``; the kernel's TMA)."""
-        return self.path == "wgmma" and self.ws
+        warpgroup (``ws``, which only the wgmma path has; the kernel's TMA)."""
+        return self.ws
 
     @property
     def block_rows(self) -> int:
