@@ -82,12 +82,8 @@ class Variant:
     def shared_mem(self, d: int) -> int:
         """The dynamic shared memory of a launch: the config's, with KV_STAGES overridden,
         plus SMEM_PLUS bytes (a variant that keeps more in shared memory than its config)."""
-        stages = self.macros.get("KV_STAGES")
-        plus = self.macros.get("SMEM_PLUS", 0)
-        if stages is None or self.config.path not in WGMMA_PATHS:
-            return self.config.dynamic_smem_bytes(d) + plus
-        per_stage = self.config.dynamic_smem_bytes(d) // self.config.kv_stages(d)
-        return stages * per_stage + plus
+        stages = self.macros.get("KV_STAGES") if self.config.path in WGMMA_PATHS else None
+        return self.config.dynamic_smem_bytes(d, stages) + self.macros.get("SMEM_PLUS", 0)
 
 
 def parse_variant(spec: str) -> Variant:

@@ -85,6 +85,9 @@ _WGSPAN_BKV = (72, 136)
 # all its steps; otherwise (not what the tuner picks it for) each step streams its rounds
 # through the one buffer, loading and computing in turn.
 WGSPAN_MAX_STAGES = 1
+# wgspan at d = 64: the epilogue stages a warp's 16 output rows (128 bytes each) in shared
+# memory after the round buffers and stores them 16 bytes a lane (kernel STAGED_EPI).
+WGSPAN_EPI_BYTES_PER_WARP = 16 * 64 * 2
 # The wgmma kernel's K/V stages live in dynamic shared memory, which the launch opts in to
 # above 48 KiB (Hopper allows 227 KiB a block): as many stages as fit in the budget, at most
 # WGMMA_MAX_STAGES. On the H200 (d = 64, wgmma_m16_b64, 16384@0) 6 stages (96 KiB) ran
@@ -314,16 +317,20 @@ class KernelConfig:
             return self.kv_slots(d) * self._kv_tile_bytes(d)
         return 2 * self.bkv * d * 2 + self.block_rows * self.bkv * 4
 
-    def dynamic_smem_bytes(self, d: int) -> int:
+    def dynamic_smem_bytes(self, d: int, stages: int | None = None) -> int:
         """The dynamic shared memory a launch at head dim ``d`` passes: the wgmma path's
         K/V stages and their two mbarriers (16 bytes a stage), with a producer (``ws``) 16
         bytes more (the TMA copies' first-tile mbarrier and the sink logit's word); 0 on the
-        other paths (their shared memory is static); on the wgspan path its chunk buffers."""
+        other paths (their shared memory is static); on the wgspan path its chunk buffers and,
+        at d = 64, the staged epilogue's 2 KiB a warp (``WGSPAN_EPI_BYTES_PER_WARP``).
+        ``stages``: that many K/V stages instead of ``kv_stages(d)`` (an A/B's KV_STAGES)."""
+        stages = self.kv_stages(d) if stages is None else stages
         if self.path == "wgspan":
-            return self.smem_bytes(d)
+            epi = WGSPAN_EPI_BYTES_PER_WARP * self.m_tiles if d == 64 else 0
+            return stages * self._kv_tile_bytes(d) + epi
         if self.path != "wgmma":
             return 0
-        return self.smem_bytes(d) + 16 * self.kv_stages(d) + (16 if self.ws else 0)
+        return stages * (self._kv_tile_bytes(d) + 16) + (16 if self.ws else 0)
 
     def rescale_log2(self, d: int) -> int:
         """The lazy-rescaling threshold at head dim ``d`` (``WGMMA_RESCALE_LOG2`` on the

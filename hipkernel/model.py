@@ -61,12 +61,14 @@ sigma = 0; 0: no sink term.
     acc   = acc * f
     l     = l * f + exp2(sig2 - m_fin), the term 0 when sig2 = -inf
     out   = acc / l, or 0 when l == 0                -> rounded to fp16
-            (tensor-core paths: acc * (1 / l))
+            (tensor-core paths: acc0 * (f * (1 / l)), acc0 the accumulator before * f,
+             and 0 * acc0 when l == 0)
 
 (``l == 0``, not ``l > 0``: l is never negative, and a NaN in l must reach the output
 rather than be laundered into a zero. The tensor-core kernels take one correctly rounded
-reciprocal a row and then a product an element, not a division an element; the scalar
-kernel divides, which on sm_80 keeps two of its tiles free of spills.)
+reciprocal a row, fold f into it and then take one product an element, not a division an
+element nor two products; the scalar kernel divides, which on sm_80 keeps two of its tiles
+free of spills.)
 
 Inputs are fp16, arithmetic is fp32 (``np.float32`` throughout, exp2 in fp32), the output
 is fp16. On the tensor-core paths (``config.path`` "mma" or "wgmma") P is rounded to fp16
@@ -154,7 +156,7 @@ def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str]) -> np.ndar
     BM_WG = 64 // config.pack if span else BM
     PV_KEYS = 16 * -(-BKV // 16) if span else BKV  # keys P.V reads a chunk (p = 0 past BKV)
     # The tensor-core paths round two steps their own way: P to fp16 before P.V, and
-    # out = acc * (1 / l).
+    # out = acc * (f * (1 / l)).
     tensor_core = config.path in TENSOR_CORE_PATHS
     lazy = config.rescale_log2(a.d)  # 0: every tile rescales
     S_cap, skv, W = k.shape[2], a.skv, a.window
@@ -257,17 +259,21 @@ def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str]) -> np.ndar
                 acc = np.where(guard[..., None], acc, acc_new)
 
         # epilogue: fold the sink into the denominator, once per row
+        f = _F32(1)
         if has_sink:
             m_fin = m if "sink_max_skipped" in mut else np.maximum(m, sig2)
             f = np.where(np.isneginf(m), _F32(0), np.exp2(m - m_fin))
-            acc = acc * f[..., None]
             l = l * f
             if "sink_per_tile" not in mut:
                 shift = _F32(0) if "sink_unshifted" in mut else m_fin
                 l = l + np.where(np.isneginf(sig2), _F32(0), np.exp2(sig2 - shift))
         l_nz = np.where(l == 0, _F32(1), l)
-        o = acc * (_F32(1) / l_nz)[..., None] if tensor_core else acc / l_nz[..., None]
-        out[:, :, :, i0:i1] = np.where((l == 0)[..., None], _F32(0), o)
+        if tensor_core:  # one factor a row: 0 * acc when l == 0
+            scale = np.where(l == 0, _F32(0), f * (_F32(1) / l_nz))
+            out[:, :, :, i0:i1] = acc * scale[..., None]
+        else:
+            o = (acc * f[..., None] if has_sink else acc) / l_nz[..., None]
+            out[:, :, :, i0:i1] = np.where((l == 0)[..., None], _F32(0), o)
 
     # Q tiles are independent (as the kernel's blocks are) and NumPy releases the GIL in
     # ufuncs and GEMMs, so they run on a few threads; each writes only its own rows.

@@ -27,12 +27,15 @@ def on_span(s: Shape, cfg: KernelConfig = SPAN) -> Shape:
 def test_config_geometry_and_shared_memory():
     """One warpgroup of 64 rows (8 positions of 8 heads), 4 steps a block; a round stages
     (4 - 1) x 8 + 144 = 168 key rows of K and of V (the last unit's first row, 24 on, and
-    P.V's 144 keys), one buffer, no mbarriers; BKV 136 and the walk reach the compiler."""
+    P.V's 144 keys), one buffer, no mbarriers, and at d 64 the staged epilogue's 2 KiB for each
+    of the 4 warps; BKV 136 and the walk reach the compiler."""
     c = SPAN
     assert (c.name, c.block_rows, c.block_positions, c.threads) == ("wgspan_m4_b136_p8_q4", 64, 8, 128)
     assert config_from_name(c.name) == c
     assert c.span_rows == 168 and c.kv_stages(64) == 1
-    assert c.dynamic_smem_bytes(64) == c.smem_bytes(64) == 2 * 168 * 64 * 2
+    assert c.smem_bytes(64) == 2 * 168 * 64 * 2
+    assert c.dynamic_smem_bytes(64) == c.smem_bytes(64) + 4 * 16 * 128
+    assert c.dynamic_smem_bytes(128) == c.smem_bytes(128) == 2 * 168 * 128 * 2
     assert c.defines(64) == {"HEAD_DIM": 64, "M_TILES": 4, "BKV": 136, "PACK": 8, "QWALK": 4,
                              "KV_STAGES": 1}
     assert c.grid(Sq=16384, Hq=64, B=1) == (512, 8, 1)  # 2048 steps of 8 positions, 4 a block

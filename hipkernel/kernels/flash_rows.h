@@ -9,7 +9,7 @@
 //   row state    m[r], l[r] row g + 8 r; the 4 lanes of a row hold the same values
 // The steps are hipkernel/model.py's docstring: the visibility predicate, the online softmax
 // with its NaN guard, the sink epilogue in exp2 space with the max taken over the sink, and
-// out = acc * (1 / l) (0 when l == 0). The mutant macros bite here exactly as in the scalar kernel.
+// out = acc * (fac * (1 / l)) (0 when l == 0). The mutant macros bite here exactly as in the scalar kernel.
 // The steps that do not depend on the fragment layout are flash_common.h's.
 
 #include "flash_common.h"
@@ -149,43 +149,55 @@ HK_INLINE void p_fragment(unsigned int (&pa)[4], const float (&s)[NB_S][4], int 
     pa[3] = hk_pack_f16x2(s[2 * kc + 1][2], s[2 * kc + 1][3]);
 }
 
-// Epilogue of the group: fold the sink into the denominator once, with the max taken over
-// it too, then out = acc * (1 / l) (0 for a row with nothing in its denominator; a NaN l stays
-// NaN). orow[r] points at dim 2 t4 of row g + 8 r's output, or is null for a row past Sq.
-template <int NB_O>
-HK_INLINE void finish_rows(float (&o)[NB_O][4], const float (&m)[2], float (&l)[2], bool has_sink,
-                           float sig2, half_t* const (&orow)[2]) {
+// The epilogue's factor of each row: out = acc * scale[r]. The sink is folded into the
+// denominator once, with the max taken over it too (acc and l times fac = exp2(m - m_fin));
+// scale = fac * (1 / l), 0 for a row with nothing in its denominator (l == 0; a NaN l stays
+// NaN). One product a row, so that acc is multiplied once.
+HK_INLINE void row_scales(const float (&m)[2], const float (&l)[2], bool has_sink, float sig2, float (&scale)[2]) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
+        float fac = 1.0f, l_fin = l[r];
         if (has_sink) {
 #ifdef HIPKERNEL_MUTANT_SINK_MAX_SKIPPED
             const float m_fin = m[r];  // exp2(sig2 - m) overflows for a large sink
 #else
             const float m_fin = hk_fmax(m[r], sig2);
 #endif
-            const float fac = m[r] == hk_neg_inf() ? 0.0f : hk_exp2(m[r] - m_fin);  // row saw nothing: 0
-#pragma unroll
-            for (int nd = 0; nd < NB_O; ++nd) {
-                o[nd][2 * r] *= fac;
-                o[nd][2 * r + 1] *= fac;
-            }
-            l[r] *= fac;
+            fac = m[r] == hk_neg_inf() ? 0.0f : hk_exp2(m[r] - m_fin);  // row saw nothing: 0
+            l_fin *= fac;
 #ifndef HIPKERNEL_MUTANT_SINK_PER_TILE
 #ifdef HIPKERNEL_MUTANT_SINK_UNSHIFTED
-            l[r] += sig2 == hk_neg_inf() ? 0.0f : hk_exp2(sig2);  // not shifted by the max
+            l_fin += sig2 == hk_neg_inf() ? 0.0f : hk_exp2(sig2);  // not shifted by the max
 #else
-            l[r] += sig2 == hk_neg_inf() ? 0.0f : hk_exp2(sig2 - m_fin);
+            l_fin += sig2 == hk_neg_inf() ? 0.0f : hk_exp2(sig2 - m_fin);
 #endif
 #endif
         }
-        if (orow[r] != nullptr) {  // lane (g, t4) writes dims 8 nd + 2 t4, + 1 of its row
-            const float inv_l = hk_rcp(l[r]);  // one reciprocal a row (l == 0: inf, not used)
-#pragma unroll
-            for (int nd = 0; nd < NB_O; ++nd) {
-                const float lo = l[r] == 0.0f ? 0.0f : o[nd][2 * r] * inv_l;
-                const float hi = l[r] == 0.0f ? 0.0f : o[nd][2 * r + 1] * inv_l;
-                *(unsigned int*)(orow[r] + 8 * nd) = hk_pack_f16x2(lo, hi);
-            }
-        }
+        scale[r] = l_fin == 0.0f ? 0.0f : fac * hk_rcp(l_fin);  // one reciprocal a row
     }
+}
+
+// The group's output as fp16 pairs: w[r][nd] holds row g + 8 r's dims 8 nd + 2 t4, + 1.
+template <int NB_O>
+HK_INLINE void out_words(const float (&o)[NB_O][4], const float (&scale)[2], unsigned int (&w)[2][NB_O]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int nd = 0; nd < NB_O; ++nd) w[r][nd] = hk_pack_f16x2(o[nd][2 * r] * scale[r], o[nd][2 * r + 1] * scale[r]);
+}
+
+// Epilogue of the group (row_scales, out_words), stored by the lanes: orow[r] points at dim
+// 2 t4 of row g + 8 r's output, or is null for a row past Sq.
+template <int NB_O>
+HK_INLINE void finish_rows(const float (&o)[NB_O][4], const float (&m)[2], const float (&l)[2], bool has_sink,
+                           float sig2, half_t* const (&orow)[2]) {
+    float scale[2];
+    row_scales(m, l, has_sink, sig2, scale);
+    unsigned int w[2][NB_O];
+    out_words(o, scale, w);
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+        if (orow[r] != nullptr)  // lane (g, t4) writes dims 8 nd + 2 t4, + 1 of its row
+#pragma unroll
+            for (int nd = 0; nd < NB_O; ++nd) *(unsigned int*)(orow[r] + 8 * nd) = w[r][nd];
 }

@@ -17,7 +17,7 @@
 // The algorithm is hipkernel/model.py's docstring, step for step, as in the other paths:
 // start-tile clamp from the Q tile's first row, the per-row visibility predicate, zero-fill
 // on load of keys j >= skv and j < kv_start, the all-masked-tile NaN guard, the sink epilogue
-// in exp2 space with the max over the sink, out = acc * (1 / l) (0 when l == 0). The
+// in exp2 space with the max over the sink, out = acc * (fac * (1 / l)) (0 when l == 0). The
 // products run transposed, so that every lane holds one query row's state:
 //   S^T = K Q^T  A = the K tile (a lane: key l % 16 of a 16-key block, from LDS), B = Q^T
 //                (a lane: row l % 16's dims, in registers for the whole block); the
@@ -278,18 +278,18 @@ extern "C" __global__ HK_LAUNCH_BOUNDS(NTHREADS) void gqa_flash_prefill(
         }
     }
 
-    // Epilogue: fold the sink into the denominator once, with the max taken over it too.
+    // Epilogue: fold the sink into the denominator once, with the max taken over it too
+    // (acc and l times fac); out = acc * scale, scale = fac * (1 / l): one correctly rounded
+    // reciprocal and one product a row, acc multiplied once, as the model rounds; 0 for a row
+    // with nothing in its denominator (a NaN l stays NaN).
+    float fac = 1.0f;
     if (has_sink) {
 #ifdef HIPKERNEL_MUTANT_SINK_MAX_SKIPPED
         const float m_fin = m;  // exp2(sig2 - m) overflows for a large sink
 #else
         const float m_fin = hk_fmax(m, sig2);
 #endif
-        const float fac = m == hk_neg_inf() ? 0.0f : hk_exp2(m - m_fin);  // row saw nothing: 0
-#pragma unroll
-        for (int nd = 0; nd < ND; ++nd)
-#pragma unroll
-            for (int e = 0; e < MMA_ACC; ++e) o[nd][e] *= fac;
+        fac = m == hk_neg_inf() ? 0.0f : hk_exp2(m - m_fin);  // row saw nothing: 0
         lsum *= fac;
 #ifndef HIPKERNEL_MUTANT_SINK_PER_TILE
 #ifdef HIPKERNEL_MUTANT_SINK_UNSHIFTED
@@ -300,16 +300,13 @@ extern "C" __global__ HK_LAUNCH_BOUNDS(NTHREADS) void gqa_flash_prefill(
 #endif
     }
 
-    // out = acc * (1 / l), 0 for a row with nothing in its denominator (a NaN l stays NaN):
-    // one correctly rounded reciprocal a row, as the model rounds. Lane l writes dims
-    // 16 nd + mma_acc_row(e, l) of its row.
+    // Lane l writes dims 16 nd + mma_acc_row(e, l) of its row.
     if (ok) {
         half_t* orow = out + (((hk_u64)b * Sq + i_row) * Hq + h) * HEAD_DIM;
-        const float inv_l = hk_rcp(lsum);  // l == 0: inf, not used
+        const float scale = lsum == 0.0f ? 0.0f : fac * hk_rcp(lsum);
 #pragma unroll
         for (int nd = 0; nd < ND; ++nd)
 #pragma unroll
-            for (int e = 0; e < MMA_ACC; ++e)
-                orow[16 * nd + mma_acc_row(e, l)] = hk_f2h(lsum == 0.0f ? 0.0f : o[nd][e] * inv_l);
+            for (int e = 0; e < MMA_ACC; ++e) orow[16 * nd + mma_acc_row(e, l)] = hk_f2h(o[nd][e] * scale);
     }
 }

@@ -30,7 +30,8 @@
 // The algorithm is hipkernel/model.py's docstring, the same as the scalar kernel's, step for
 // step: start-tile clamp from the Q tile's first row, the per-row visibility predicate,
 // zero-fill on load of keys j >= skv and j < kv_start, the all-masked-tile NaN guard, the
-// sink epilogue in exp2 space with the max over the sink, out = acc * (1 / l) (0 when l == 0).
+// sink epilogue in exp2 space with the max over the sink, out = acc * (fac * (1 / l)) (0 when
+// l == 0).
 // What differs is only how the products are done:
 //   S = Q K^T    Q fragments live in registers for the whole block; K fragments come from
 //                shared memory by ldmatrix, each used by the warp's WARP_M row groups (with
@@ -538,46 +539,38 @@ extern "C" __global__ MMA_LAUNCH_BOUNDS void gqa_flash_prefill(
             }
         }
 
-        // Epilogue: fold the sink into the denominator once, with the max taken over it too.
+        // Epilogue: fold the sink into the denominator once, with the max taken over it too
+        // (acc and l times fac); out = acc * scale, scale = fac * (1 / l): one correctly
+        // rounded reciprocal and one product a row, acc multiplied once (the model rounds the
+        // same way); 0 for a row with nothing in its denominator (a NaN l stays NaN).
 #pragma unroll
         for (int f = 0; f < WARP_M; ++f)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
+            float fac = 1.0f, l_fin = l[f][r];
             if (has_sink) {
 #ifdef HIPKERNEL_MUTANT_SINK_MAX_SKIPPED
                 const float m_fin = m[f][r];  // exp2(sig2 - m) overflows for a large sink
 #else
                 const float m_fin = hk_fmax(m[f][r], sig2);
 #endif
-                const float fac = m[f][r] == hk_neg_inf() ? 0.0f : hk_exp2(m[f][r] - m_fin);  // row saw nothing: 0
-#pragma unroll
-                for (int nd = 0; nd < NB_O; ++nd) {
-                    o[f][nd][2 * r] *= fac;
-                    o[f][nd][2 * r + 1] *= fac;
-                }
-                l[f][r] *= fac;
+                fac = m[f][r] == hk_neg_inf() ? 0.0f : hk_exp2(m[f][r] - m_fin);  // row saw nothing: 0
+                l_fin *= fac;
 #ifndef HIPKERNEL_MUTANT_SINK_PER_TILE
 #ifdef HIPKERNEL_MUTANT_SINK_UNSHIFTED
-                l[f][r] += sig2 == hk_neg_inf() ? 0.0f : hk_exp2(sig2);  // not shifted by the max
+                l_fin += sig2 == hk_neg_inf() ? 0.0f : hk_exp2(sig2);  // not shifted by the max
 #else
-                l[f][r] += sig2 == hk_neg_inf() ? 0.0f : hk_exp2(sig2 - m_fin);
+                l_fin += sig2 == hk_neg_inf() ? 0.0f : hk_exp2(sig2 - m_fin);
 #endif
 #endif
             }
-
-            // out = acc * (1 / l), 0 for a row with nothing in its denominator (a NaN l stays
-            // NaN): one correctly rounded reciprocal a row, not a division an element (the model
-            // rounds the same way).
             // Lane (g, t4) writes dims 8nd + 2 t4, 8nd + 2 t4 + 1 of its row.
             if (ok_r[f][r]) {
                 half_t* orow = out + (((hk_u64)b * Sq + i_r[f][r]) * Hq + h) * HEAD_DIM + 2 * t4;
-                const float inv_l = hk_rcp(l[f][r]);  // l == 0: inf, not used
+                const float scale = l_fin == 0.0f ? 0.0f : fac * hk_rcp(l_fin);
 #pragma unroll
-                for (int nd = 0; nd < NB_O; ++nd) {
-                    const float lo = l[f][r] == 0.0f ? 0.0f : o[f][nd][2 * r] * inv_l;
-                    const float hi = l[f][r] == 0.0f ? 0.0f : o[f][nd][2 * r + 1] * inv_l;
-                    *(unsigned int*)(orow + 8 * nd) = hk_pack_f16x2(lo, hi);
-                }
+                for (int nd = 0; nd < NB_O; ++nd)
+                    *(unsigned int*)(orow + 8 * nd) = hk_pack_f16x2(o[f][nd][2 * r] * scale, o[f][nd][2 * r + 1] * scale);
             }
         }
     }  // Q tile

@@ -120,6 +120,15 @@
 #error "a round and a pass of the copies must be whole 8-row swizzle atoms"
 #endif
 #define PENDING (KV_STAGES > 1 ? KV_STAGES - 2 : 0)  // cp.async groups after round c's
+// The epilogue's stores: at d 64 through 2 KiB of shared memory a warp (STAGED_EPI, after the
+// round buffers: KernelConfig.dynamic_smem_bytes), 16-byte stores of whole rows; 0: each lane
+// stores its fragment's 4-byte pairs.
+#ifndef STAGED_EPI
+#define STAGED_EPI (HEAD_DIM == 64)
+#endif
+#if STAGED_EPI && HEAD_DIM != 64
+#error "STAGED_EPI: a warp's 16 output rows of 128 bytes (d 64) in 2 KiB"
+#endif
 
 // Blocks an SM should hold at once (ptxas plans 65536 / (NTHREADS * MIN_BLOCKS) registers a
 // thread): a chunk's scores (BKV / 2 a thread), the O accumulator and Q take most of them. At
@@ -159,27 +168,39 @@ HK_INLINE void unit_span(int u, int i0, int Sq, int past, int window, int kv_bas
     }
 }
 
-// Invisible keys of the chunk whose first key is j0 get -inf. An 8-key block that every row of
-// the warp (positions [pw_first, pw_last]) sees whole is left alone (a warp-uniform test;
-// under a window only the blocks at the chunk's two ends are not). Key j is visible from
-// position p iff 0 <= p - j < lim, lim = 1 - window_lo(0, W) (W keys; W + 1 under the
-// window_mask_off_by_one mutant) or 2^31 without a window: one unsigned compare (visible()
-// of flash_common.h, spelled for the compare).
+// Invisible keys of the chunk whose first key is j0 get -inf. Key j is visible from position
+// p iff 0 <= p - j < lim, lim = 1 - window_lo(0, W) (W keys; W + 1 under the
+// window_mask_off_by_one mutant) or 2^31 without a window: one unsigned compare (visible() of
+// flash_common.h, spelled for the compare). An 8-key block that every row of the warp
+// (positions [pw_first, pw_last]) sees whole needs no test; the whole blocks of a chunk are
+// one run (the rows' lower bounds and upper bounds both rise with the position). Under a
+// window whose span fits the chunk that run is every block but the first and the last (at
+// W = 128 with 8 positions a warpgroup: the first holds the keys below the last row's window,
+// the last those past the first row): then those two are tested element by element with no
+// branch; otherwise each block is tested first (a warp-uniform branch) and only a partial one
+// element by element.
 template <int NB>
 HK_INLINE void mask_chunk(float (&s)[NB][4], int j0, int t4, const int (&p)[2], int pw_first, int pw_last,
                           int window) {
     const unsigned int lim = window < 0 ? 0x80000000u : (unsigned int)(1 - window_lo(0, window));
     const int d0 = p[0] - j0 - 2 * t4, d1 = p[1] - j0 - 2 * t4;  // p - j of element 0 of block 0
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
-        const int jb = j0 + 8 * nb;
-        if (pw_first - (jb + 7) >= 0 && (unsigned int)(pw_last - jb) < lim) continue;  // whole
+    auto mask_block = [&](int nb) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const unsigned int pj = (unsigned int)((e >> 1 ? d1 : d0) - 8 * nb - (e & 1));
             if (pj >= lim) s[nb][e] = hk_neg_inf();
         }
+    };
+    // block nb is whole iff its last key is at most pw_first and pw_last - its first < lim
+    auto whole = [&](int nb) { return pw_first - (j0 + 8 * nb + 7) >= 0 && (unsigned int)(pw_last - j0 - 8 * nb) < lim; };
+    if (whole(1) && whole(NB - 2)) {  // warp-uniform: blocks 1 .. NB - 2 are whole
+        mask_block(0);
+        mask_block(NB - 1);
+        return;
     }
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+        if (!whole(nb)) mask_block(nb);
 }
 
 // Stage round c (keys [j_first, j_first + CH)) in buffer st: 16-byte cp.async by thread lt,
@@ -252,6 +273,7 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     const half_t* kg = k + kv_off;
     const half_t* vg = v + kv_off;
     const unsigned int k_s0 = hk_smem_u32(kv_s), v_s0 = k_s0 + KV_STAGES * CHUNK_BYTES;
+    const unsigned int epi_s0 = v_s0 + KV_STAGES * CHUNK_BYTES;  // STAGED_EPI: 2 KiB a warp
     if (((k_s0 | v_s0) & 1023u) != 0) __trap();  // the swizzle needs 1024-byte aligned chunks
     auto load = [&](int c, int st) { load_round(kg, vg, k_s0, v_s0, kv_base + BKV * c, st, tid, kv_start, skv, S_cap); };
 
@@ -261,21 +283,24 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     }
 
     // This lane's rows in step s: block rows 64 wg + 16 x + g + 8 r of the step, positions
-    // i_r[r] = ig + (16 x + g + 8 r) / PACK; the Q fragments of step 0 load while the rounds
-    // stream in, and those of step s + 1 once step s's last Q.K^T has read its own.
-    unsigned int qf[KC_S][4];
-    auto q_rows = [&](int s, const half_t* (&qrow)[2], int (&i_r)[2]) {
-        const int ig = i0 + BP_WG * (NWG * s + wg);
+    // i_r[r] = ig + (16 x + g + 8 r) / PACK, at element row0 + i_r[r] Hq HEAD_DIM of q and of
+    // out (the same layout); the Q fragments of step 0 load while the rounds stream in, and
+    // those of step s + 1 once step s's last Q.K^T has read its own.
+    const hk_u64 row0 = ((hk_u64)b * Sq * Hq + h) * HEAD_DIM + 2 * t4;
+    auto rows_of = [&](int s, int (&i_r)[2]) {
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            i_r[r] = ig + (16 * x + g + 8 * r) / PACK;
-            qrow[r] = i_r[r] < Sq ? q + (((hk_u64)b * Sq + i_r[r]) * Hq + h) * HEAD_DIM + 2 * t4 : nullptr;
-        }
+        for (int r = 0; r < 2; ++r) i_r[r] = i0 + BP_WG * (NWG * s + wg) + (16 * x + g + 8 * r) / PACK;
     };
+    auto q_ptrs = [&](const int (&i_r)[2], const half_t* (&qrow)[2]) {  // null past Sq
+#pragma unroll
+        for (int r = 0; r < 2; ++r) qrow[r] = i_r[r] < Sq ? q + (row0 + (hk_u64)i_r[r] * (Hq * HEAD_DIM)) : nullptr;
+    };
+    unsigned int qf[KC_S][4];
     {
-        const half_t* qrow[2];
         int i_r[2];
-        q_rows(0, qrow, i_r);
+        const half_t* qrow[2];
+        rows_of(0, i_r);
+        q_ptrs(i_r, qrow);
         load_q_fragments(qf, qrow);
     }
 
@@ -295,8 +320,9 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
         const int pw_first = past + ig + 16 * x / PACK, pw_last = past + ig + (16 * x + 15) / PACK;
         int i_r[2], p_r[2], i_next[2];
         const half_t* qrow_next[2];
-        q_rows(s, qrow_next, i_r);  // this step's rows (its Q pointers are loaded already) ...
-        q_rows(s + 1 < QWALK ? s + 1 : s, qrow_next, i_next);  // ... and the next step's Q
+        rows_of(s, i_r);
+        rows_of(s + 1 < QWALK ? s + 1 : s, i_next);
+        q_ptrs(i_next, qrow_next);  // the next step's Q
 #pragma unroll
         for (int r = 0; r < 2; ++r) p_r[r] = past + i_r[r];
 
@@ -308,13 +334,9 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
         const unsigned int v_lo0 = hk_wgmma_desc_lo(v_s0 + o_bytes, HEAD_DIM > 64 ? CBLOCK_BYTES : 1024u);
 
         float m[2] = {hk_neg_inf(), hk_neg_inf()}, l[2] = {0.0f, 0.0f};
-        float o[NB_O][4];  // the O accumulator, a wgmma D fragment of n = HEAD_DIM: set by the
-        if (n_w == 0) {    // first chunk's P.V, or 0 for a warpgroup that walks none
-#pragma unroll
-            for (int nd = 0; nd < NB_O; ++nd)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) o[nd][e] = 0.0f;
-        }
+        // The O accumulator, a wgmma D fragment of n = HEAD_DIM: the first chunk's P.V sets it
+        // (a warpgroup that walks no chunk in a step has no row to write).
+        float o[NB_O][4];
 
         // Chunk c of this warpgroup, in buffer st; `fresh`: its first (c == 0), whose P.V
         // overwrites the accumulator rather than rescaling and adding to it.
@@ -354,6 +376,7 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
             pa[KC_P - 1][2] = 0u;
             pa[KC_P - 1][3] = 0u;
 #endif
+            if (fresh) hk_wgmma_acc_undef(o);  // overwritten: not live before
             hk_wgmma_fence_acc(o);
             hk_wgmma_fence();
 #pragma unroll
@@ -403,11 +426,47 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
         }
         if (n_w == 0 && s + 1 < QWALK) load_q_fragments(qf, qrow_next);  // no chunk loaded them
 
-        // Epilogue: the sink, then out = acc * (1 / l).
-        half_t* orow[2];
+        // Epilogue: out = acc * scale, one factor a row with the sink folded in (flash_rows.h).
+        if (n_w == 0) continue;  // uniform over the warpgroup: no row of it exists
+        float scale[2];
+        row_scales(m, l, has_sink, sig2, scale);
+        unsigned int w[2][NB_O];
+        out_words(o, scale, w);
+#if STAGED_EPI
+        // Through the warp's 2 KiB of shared memory: its 16 rows (row rr: position ig + (16 x
+        // + rr) / PACK, head h0 + (16 x + rr) % PACK; 128 bytes of out each) written with
+        // stmatrix in the 128-byte swizzle (16-byte chunk c of row rr at c ^ (rr % 8)), then
+        // read back and stored 16 bytes a lane, 8 lanes a whole row.
+        {
+            const unsigned int ep = epi_s0 + 2048u * warp;
+            // stmatrix x4 for dims [16 j, 16 j + 16): the 8 x 8 matrices (rows 0-7, dims 8 (2 j)
+            // on), (8-15, 2 j), (0-7, 2 j + 1), (8-15, 2 j + 1); lane L addresses row L % 8 of
+            // matrix L / 8
+            const int mq = lane & 7, mm = lane >> 3;
+            const unsigned int mrow = ep + 128u * (8 * (mm & 1) + mq);
+#pragma unroll
+            for (int j = 0; j < NB_O / 2; ++j)
+                hk_stmatrix_x4(mrow + 16u * ((2 * j + (mm >> 1)) ^ mq), w[0][2 * j], w[1][2 * j], w[0][2 * j + 1],
+                               w[1][2 * j + 1]);
+            __syncwarp();
+            const hk_u64 warp_out = (((hk_u64)b * Sq + ig) * Hq + h0) * HEAD_DIM;  // block row 0 of the step
+#pragma unroll
+            for (int it = 0; it < 4; ++it) {  // 128 chunks of 16 bytes, 4 a lane
+                const int k = 32 * it + lane, rr = 16 * x + (k >> 3), c = k & 7;
+                const hk_u32x4 v = hk_lds_16(ep + 128u * (k >> 3) + 16u * (c ^ ((k >> 3) & 7)));
+                if (ig + rr / PACK < Sq)
+                    hk_stg_16(out + warp_out + (hk_u64)(rr / PACK) * (Hq * HEAD_DIM) + (rr % PACK) * HEAD_DIM + 8 * c, v);
+            }
+            __syncwarp();  // every lane's reads before the next step's stmatrix
+        }
+#else
 #pragma unroll
         for (int r = 0; r < 2; ++r)
-            orow[r] = i_r[r] < Sq ? out + (((hk_u64)b * Sq + i_r[r]) * Hq + h) * HEAD_DIM + 2 * t4 : nullptr;
-        finish_rows(o, m, l, has_sink, sig2, orow);
+            if (i_r[r] < Sq) {  // lane (g, t4) writes dims 8 nd + 2 t4, + 1 of its row
+                half_t* orow = out + (row0 + (hk_u64)i_r[r] * (Hq * HEAD_DIM));
+#pragma unroll
+                for (int nd = 0; nd < NB_O; ++nd) *(unsigned int*)(orow + 8 * nd) = w[r][nd];
+            }
+#endif
     }
 }

@@ -95,6 +95,30 @@ HK_INLINE void hk_tma_load_3d(unsigned int dst, const hk_tensor_map* map, int c0
 HK_INLINE void hk_st_shared_zero16(unsigned int addr) {  // 16 zero bytes at a shared address
     asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(addr), "r"(0u) : "memory");
 }
+// stmatrix (sm_90): four 8 x 8 matrices of 16-bit elements from the warp's registers into
+// shared memory. Lane L gives the shared address of row L % 8 of matrix L / 8 (16 bytes);
+// register i of a lane holds its pair of matrix i in an mma fragment's layout (row L / 4,
+// columns 2 (L % 4), + 1).
+HK_INLINE void hk_stmatrix_x4(unsigned int addr, unsigned int r0, unsigned int r1, unsigned int r2,
+                              unsigned int r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};"
+                 ::"r"(addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
+}
+// 16 bytes: from a shared address into four registers, and from them to global memory
+// (16-byte aligned both).
+struct hk_u32x4 {
+    unsigned int x, y, z, w;
+};
+HK_INLINE hk_u32x4 hk_lds_16(unsigned int addr) {
+    hk_u32x4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(addr) : "memory");
+    return v;
+}
+HK_INLINE void hk_stg_16(void* dst, const hk_u32x4& v) {
+    asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+}
 HK_INLINE void hk_tma_prefetch_map(const hk_tensor_map* map) {  // the descriptor, into its cache
     asm volatile("prefetch.tensormap [%0];" ::"l"((hk_u64)map) : "memory");
 }
@@ -121,6 +145,17 @@ HK_INLINE void hk_wgmma_fence_acc(float (&d)[NB][4]) {
     for (int i = 0; i < NB; ++i)
 #pragma unroll
         for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
+}
+
+// Before a wgmma group that overwrites the accumulator (accumulate = 0 first): its old value
+// is dead here, so that its registers hold other values until then (the wgmma asm reads D
+// whatever its flag says). No instruction.
+template <int NB>
+HK_INLINE void hk_wgmma_acc_undef(float (&d)[NB][4]) {
+#pragma unroll
+    for (int i = 0; i < NB; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) asm volatile("" : "=f"(d[i][e]));
 }
 
 // D (64 x N) += A (64 x 16, registers) * B (16 x N, descriptor); accumulate = 0 overwrites
