@@ -269,13 +269,14 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     const float sig2 = sink_logit2(sink, sink_mode, h);
     const float c2 = scale * LOG2E;  // s2 = c2 * dot(q, k): logits in exp2 space
 
-    const hk_u64 kv_off = ((hk_u64)b * Hkv + kvh) * (hk_u64)S_cap * HEAD_DIM;
-    const half_t* kg = k + kv_off;
-    const half_t* vg = v + kv_off;
     const unsigned int k_s0 = hk_smem_u32(kv_s), v_s0 = k_s0 + KV_STAGES * CHUNK_BYTES;
     const unsigned int epi_s0 = v_s0 + KV_STAGES * CHUNK_BYTES;  // STAGED_EPI: 2 KiB a warp
     if (((k_s0 | v_s0) & 1023u) != 0) __trap();  // the swizzle needs 1024-byte aligned chunks
-    auto load = [&](int c, int st) { load_round(kg, vg, k_s0, v_s0, kv_base + BKV * c, st, tid, kv_start, skv, S_cap); };
+    // The KV head's K and V, recomputed at each use (nothing live across the steps for them).
+    auto load = [&](int c, int st) {
+        const hk_u64 kv_off = ((hk_u64)b * Hkv + kvh) * (hk_u64)S_cap * HEAD_DIM;
+        load_round(k + kv_off, v + kv_off, k_s0, v_s0, kv_base + BKV * c, st, tid, kv_start, skv, S_cap);
+    };
 
     if (resident) {  // every round once, one cp.async group
         for (int c = 0; c < rounds_max; ++c) load(c, c);
@@ -436,7 +437,10 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
         // Through the warp's 2 KiB of shared memory: its 16 rows (row rr: position ig + (16 x
         // + rr) / PACK, head h0 + (16 x + rr) % PACK; 128 bytes of out each) written with
         // stmatrix in the 128-byte swizzle (16-byte chunk c of row rr at c ^ (rr % 8)), then
-        // read back and stored 16 bytes a lane, 8 lanes a whole row.
+        // read back and stored 16 bytes a lane: in pass it, lane L stores chunk L % 8 of row
+        // 4 (L / 8) + it, so that a pass moves 4 whole rows and each lane's row advances by a
+        // compile-time step (PACK divides 4 or is 8: row + it is position + it / PACK, head +
+        // it % PACK).
         {
             const unsigned int ep = epi_s0 + 2048u * warp;
             // stmatrix x4 for dims [16 j, 16 j + 16): the 8 x 8 matrices (rows 0-7, dims 8 (2 j)
@@ -449,13 +453,15 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
                 hk_stmatrix_x4(mrow + 16u * ((2 * j + (mm >> 1)) ^ mq), w[0][2 * j], w[1][2 * j], w[0][2 * j + 1],
                                w[1][2 * j + 1]);
             __syncwarp();
-            const hk_u64 warp_out = (((hk_u64)b * Sq + ig) * Hq + h0) * HEAD_DIM;  // block row 0 of the step
+            const int c = lane & 7, rr0 = 16 * x + 4 * (lane >> 3);  // pass 0's row of the warpgroup
+            const int i_lane = ig + rr0 / PACK;
+            half_t* dst = out + ((((hk_u64)b * Sq + i_lane) * Hq + h0 + rr0 % PACK) * HEAD_DIM + 8 * c);
 #pragma unroll
-            for (int it = 0; it < 4; ++it) {  // 128 chunks of 16 bytes, 4 a lane
-                const int k = 32 * it + lane, rr = 16 * x + (k >> 3), c = k & 7;
-                const hk_u32x4 v = hk_lds_16(ep + 128u * (k >> 3) + 16u * (c ^ ((k >> 3) & 7)));
-                if (ig + rr / PACK < Sq)
-                    hk_stg_16(out + warp_out + (hk_u64)(rr / PACK) * (Hq * HEAD_DIM) + (rr % PACK) * HEAD_DIM + 8 * c, v);
+            for (int it = 0; it < 4; ++it) {
+                const int rw = 4 * (lane >> 3) + it;  // the warp's row
+                const hk_u32x4 v = hk_lds_16(ep + 128u * rw + 16u * (c ^ (rw & 7)));
+                if (i_lane + it / PACK < Sq)
+                    hk_stg_16(dst + (hk_u64)(it / PACK) * (Hq * HEAD_DIM) + (it % PACK) * HEAD_DIM, v);
             }
             __syncwarp();  // every lane's reads before the next step's stmatrix
         }
