@@ -464,6 +464,8 @@ WGMMA_CANDIDATES = tuple(WGMMA_BY_HEAD_DIM.values())
 # (reports/ab/wgspan-walk-w128.json, before the block-wise mask): 16384@0 window 128 0.1751
 # ms against 0.2341 for mma_m4_b32_p8_q4; walking 1, 2 and 8 steps 0.2113, 0.2018, 0.1773;
 # with the mask 0.1706 (reports/ab/wgspan-mask-fresh-w128.json).
+# Session 28 (18 % fewer instructions a step: the mask's edges, the staged epilogue, one
+# factor a row): 0.1383 against 0.1705 (reports/wip/session28/call2/ab-span.json).
 WGSPAN_CANDIDATES = (KernelConfig(4, 136, "wgspan", pack=8, walk=4),)
 WGSPAN_HEAD_DIMS = (64,)
 
