@@ -82,8 +82,7 @@ class Variant:
     def shared_mem(self, d: int) -> int:
         """The dynamic shared memory of a launch: the config's, with KV_STAGES overridden,
         plus SMEM_PLUS bytes (a variant that keeps more in shared memory than its config)."""
-        stages = self.macros.get("KV_STAGES") if self.config.path in WGMMA_PATHS else None
-        return self.config.dynamic_smem_bytes(d, stages) + self.macros.get("SMEM_PLUS", 0)
+        return self.config.dynamic_smem_bytes(d, self.macros.get("KV_STAGES")) + self.macros.get("SMEM_PLUS", 0)
 
 
 def parse_variant(spec: str) -> Variant:
