@@ -1,6 +1,7 @@
 // flash_common.h: the steps of the fused prefill that do not depend on how a kernel lays out
 // its MMA fragments: visibility, the KV head of a query head, query positions, the first KV
-// tile of a Q tile, the keys a load keeps, and the sink term. Shared by the wgmma path
+// tile of a Q tile, the keys a load keeps, the sink term and a row's epilogue factor. Shared
+// by the wgmma path
 // (through flash_rows.h) and the AMD matrix-core path (gqa_flash_prefill_amdmma.hip); every
 // mutant macro that bites here bites at the same place as in the scalar kernel.
 
@@ -91,4 +92,31 @@ HK_INLINE bool key_kept(int j, int kv_start, int skv, int S_cap) {
 #else
     return j >= kv_start && j < skv;
 #endif
+}
+
+// ---- epilogue (per row)
+
+// A row's output factor, out = acc * row_scale(...): the sink folded into the denominator
+// once, with the max taken over it too (acc and l times fac = exp2(m - m_fin)); fac * (1 / l),
+// one correctly rounded reciprocal, 0 for a row with nothing in its denominator (l == 0; a NaN
+// l stays NaN). m, l: the row's running max (exp2 space) and sum; sig2: sink_logit2's.
+HK_INLINE float row_scale(float m, float l, bool has_sink, float sig2) {
+    float fac = 1.0f;
+    if (has_sink) {
+#ifdef HIPKERNEL_MUTANT_SINK_MAX_SKIPPED
+        const float m_fin = m;  // exp2(sig2 - m) overflows for a large sink
+#else
+        const float m_fin = hk_fmax(m, sig2);
+#endif
+        fac = m == hk_neg_inf() ? 0.0f : hk_exp2(m - m_fin);  // row saw nothing: 0
+        l *= fac;
+#ifndef HIPKERNEL_MUTANT_SINK_PER_TILE
+#ifdef HIPKERNEL_MUTANT_SINK_UNSHIFTED
+        l += sig2 == hk_neg_inf() ? 0.0f : hk_exp2(sig2);  // not shifted by the max
+#else
+        l += sig2 == hk_neg_inf() ? 0.0f : hk_exp2(sig2 - m_fin);
+#endif
+#endif
+    }
+    return l == 0.0f ? 0.0f : fac * hk_rcp(l);
 }

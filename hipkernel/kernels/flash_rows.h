@@ -149,32 +149,10 @@ HK_INLINE void p_fragment(unsigned int (&pa)[4], const float (&s)[NB_S][4], int 
     pa[3] = hk_pack_f16x2(s[2 * kc + 1][2], s[2 * kc + 1][3]);
 }
 
-// The epilogue's factor of each row: out = acc * scale[r]. The sink is folded into the
-// denominator once, with the max taken over it too (acc and l times fac = exp2(m - m_fin));
-// scale = fac * (1 / l), 0 for a row with nothing in its denominator (l == 0; a NaN l stays
-// NaN). One product a row, so that acc is multiplied once.
+// The epilogue's factor of the lane's two rows: out = acc * scale[r] (flash_common.h).
 HK_INLINE void row_scales(const float (&m)[2], const float (&l)[2], bool has_sink, float sig2, float (&scale)[2]) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        float fac = 1.0f, l_fin = l[r];
-        if (has_sink) {
-#ifdef HIPKERNEL_MUTANT_SINK_MAX_SKIPPED
-            const float m_fin = m[r];  // exp2(sig2 - m) overflows for a large sink
-#else
-            const float m_fin = hk_fmax(m[r], sig2);
-#endif
-            fac = m[r] == hk_neg_inf() ? 0.0f : hk_exp2(m[r] - m_fin);  // row saw nothing: 0
-            l_fin *= fac;
-#ifndef HIPKERNEL_MUTANT_SINK_PER_TILE
-#ifdef HIPKERNEL_MUTANT_SINK_UNSHIFTED
-            l_fin += sig2 == hk_neg_inf() ? 0.0f : hk_exp2(sig2);  // not shifted by the max
-#else
-            l_fin += sig2 == hk_neg_inf() ? 0.0f : hk_exp2(sig2 - m_fin);
-#endif
-#endif
-        }
-        scale[r] = l_fin == 0.0f ? 0.0f : fac * hk_rcp(l_fin);  // one reciprocal a row
-    }
+    for (int r = 0; r < 2; ++r) scale[r] = row_scale(m[r], l[r], has_sink, sig2);
 }
 
 // The group's output as fp16 pairs: w[r][nd] holds row g + 8 r's dims 8 nd + 2 t4, + 1.

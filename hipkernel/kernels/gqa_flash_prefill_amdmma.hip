@@ -278,35 +278,14 @@ extern "C" __global__ HK_LAUNCH_BOUNDS(NTHREADS) void gqa_flash_prefill(
         }
     }
 
-    // Epilogue: fold the sink into the denominator once, with the max taken over it too
-    // (acc and l times fac); out = acc * scale, scale = fac * (1 / l): one correctly rounded
-    // reciprocal and one product a row, acc multiplied once, as the model rounds; 0 for a row
-    // with nothing in its denominator (a NaN l stays NaN).
-    float fac = 1.0f;
-    if (has_sink) {
-#ifdef HIPKERNEL_MUTANT_SINK_MAX_SKIPPED
-        const float m_fin = m;  // exp2(sig2 - m) overflows for a large sink
-#else
-        const float m_fin = hk_fmax(m, sig2);
-#endif
-        fac = m == hk_neg_inf() ? 0.0f : hk_exp2(m - m_fin);  // row saw nothing: 0
-        lsum *= fac;
-#ifndef HIPKERNEL_MUTANT_SINK_PER_TILE
-#ifdef HIPKERNEL_MUTANT_SINK_UNSHIFTED
-        lsum += sig2 == hk_neg_inf() ? 0.0f : hk_exp2(sig2);  // not shifted by the max
-#else
-        lsum += sig2 == hk_neg_inf() ? 0.0f : hk_exp2(sig2 - m_fin);
-#endif
-#endif
-    }
-
-    // Lane l writes dims 16 nd + mma_acc_row(e, l) of its row.
+    // Epilogue: out = acc * row_fac, the sink folded in (flash_common.h row_scale), as the model
+    // rounds. Lane l writes dims 16 nd + mma_acc_row(e, l) of its row.
+    const float row_fac = row_scale(m, lsum, has_sink, sig2);
     if (ok) {
         half_t* orow = out + (((hk_u64)b * Sq + i_row) * Hq + h) * HEAD_DIM;
-        const float scale = lsum == 0.0f ? 0.0f : fac * hk_rcp(lsum);
 #pragma unroll
         for (int nd = 0; nd < ND; ++nd)
 #pragma unroll
-            for (int e = 0; e < MMA_ACC; ++e) orow[16 * nd + mma_acc_row(e, l)] = hk_f2h(o[nd][e] * scale);
+            for (int e = 0; e < MMA_ACC; ++e) orow[16 * nd + mma_acc_row(e, l)] = hk_f2h(o[nd][e] * row_fac);
     }
 }

@@ -28,8 +28,9 @@
 //                 r % PACK, its warp x rows [16 x, 16 x + 16) of those
 //   shared        dynamic, KV_STAGES x (K round + V round) of CH = (NWG QWALK - 1) BP_WG +
 //                 PV_KEYS rows of HEAD_DIM halves each, in wgmma's 128-byte swizzle (the
-//                 wgmma path's layout), each on a 1024-byte boundary
-//                 (KernelConfig.dynamic_smem_bytes, KernelConfig.span_rows)
+//                 wgmma path's layout), each on a 1024-byte boundary; then, at d 64, 2 KiB
+//                 a warp for the staged epilogue (KernelConfig.dynamic_smem_bytes,
+//                 KernelConfig.span_rows)
 //   pointers      q, k, v, out 16-byte aligned
 //
 // The chunks. A unit's first key lo_u is its first row's first visible key (the start clamp
@@ -56,6 +57,8 @@
 //   O += P V     ceil(BKV / 16) wgmma m64 n HEAD_DIM k16, P (fp16) from registers; the
 //                last 16-key step's upper 8 keys (the 8 keys after the chunk) take p = 0.
 //                A unit's first chunk overwrites the accumulator (no acc *= alpha, no zeroing)
+//   epilogue     out = acc * scale, one factor a row (flash_common.h row_scale); at d 64
+//                through shared memory (STAGED_EPI), 16-byte stores of whole rows
 // No chunk precedes a row's first visible key (every row's window starts inside its unit's
 // first chunk: lo_p - a_u <= BP_WG - 1 + 7 < BKV), so the NaN guard never fires here and
 // the no_nan_guard mutant cannot change an output (hipkernel.config.EQUIVALENT_ON_PATH); a

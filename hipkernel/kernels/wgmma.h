@@ -160,33 +160,39 @@ HK_INLINE void hk_wgmma_acc_undef(float (&d)[NB][4]) {
 
 // D (64 x N) += A (64 x 16, registers) * B (16 x N, descriptor); accumulate = 0 overwrites
 // D instead. TRANS_B: 0 for a K-major B, 1 for an MN-major B. One function per N (the
-// accumulator list is spelled out; the PTX operand numbers follow it).
+// accumulator list is spelled out; the PTX operand numbers follow it). Around each
+// instruction the same PTX: HK_WGMMA_HEAD turns operand %P (accumulate) into a predicate and
+// builds the descriptor from %L (its low word) and %H (DESC_HI); HK_WGMMA_TAIL closes the
+// instruction with it, the scales of A and B (1, 1) and %T (TRANS_B); HK_WGMMA_INPUTS are
+// those operands, after the accumulator's.
+#define HK_WGMMA_HEAD(P, L, H)                                                              \
+    "{\n.reg .pred p;\n.reg .b32 dh;\n.reg .b64 db;\nsetp.ne.b32 p, %" #P ", 0;\n"          \
+    "mov.b32 dh, %" #H ";\nmov.b64 db, {%" #L ", dh};\n"
+#define HK_WGMMA_TAIL(T) "db, p, 1, 1, %" #T ";\n}"
+#define HK_WGMMA_INPUTS                                                                      \
+    "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "r"(desc_lo), "n"(DESC_HI), \
+        "n"(TRANS_B)
 template <int TRANS_B, unsigned int DESC_HI>
 HK_INLINE void hk_wgmma_n32(float (&d)[4][4], const unsigned int (&a)[4], unsigned int desc_lo,
                             int accumulate) {
     asm volatile(
-        "{\n.reg .pred p;\n.reg .b32 dh;\n.reg .b64 db;\nsetp.ne.b32 p, %20, 0;\n"
-        "mov.b32 dh, %22;\nmov.b64 db, {%21, dh};\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+        HK_WGMMA_HEAD(20, 21, 22) "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-        "{%16, %17, %18, %19}, db, p, 1, 1, %23;\n}"
+        "{%16, %17, %18, %19}, " HK_WGMMA_TAIL(23)
         : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
           "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
           "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
           "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "r"(desc_lo), "n"(DESC_HI),
-          "n"(TRANS_B));
+        : HK_WGMMA_INPUTS);
 }
 
 template <int TRANS_B, unsigned int DESC_HI>
 HK_INLINE void hk_wgmma_n64(float (&d)[8][4], const unsigned int (&a)[4], unsigned int desc_lo,
                             int accumulate) {
     asm volatile(
-        "{\n.reg .pred p;\n.reg .b32 dh;\n.reg .b64 db;\nsetp.ne.b32 p, %36, 0;\n"
-        "mov.b32 dh, %38;\nmov.b64 db, {%37, dh};\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        HK_WGMMA_HEAD(36, 37, 38) "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "{%32, %33, %34, %35}, db, p, 1, 1, %39;\n}"
+        "{%32, %33, %34, %35}, " HK_WGMMA_TAIL(39)
         : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
           "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
           "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
@@ -195,19 +201,16 @@ HK_INLINE void hk_wgmma_n64(float (&d)[8][4], const unsigned int (&a)[4], unsign
           "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
           "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
           "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "r"(desc_lo), "n"(DESC_HI),
-          "n"(TRANS_B));
+        : HK_WGMMA_INPUTS);
 }
 
 template <int TRANS_B, unsigned int DESC_HI>
 HK_INLINE void hk_wgmma_n128(float (&d)[16][4], const unsigned int (&a)[4], unsigned int desc_lo,
                             int accumulate) {
     asm volatile(
-        "{\n.reg .pred p;\n.reg .b32 dh;\n.reg .b64 db;\nsetp.ne.b32 p, %68, 0;\n"
-        "mov.b32 dh, %70;\nmov.b64 db, {%69, dh};\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        HK_WGMMA_HEAD(68, 69, 70) "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "{%64, %65, %66, %67}, db, p, 1, 1, %71;\n}"
+        "{%64, %65, %66, %67}, " HK_WGMMA_TAIL(71)
         : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
           "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
           "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
@@ -224,8 +227,7 @@ HK_INLINE void hk_wgmma_n128(float (&d)[16][4], const unsigned int (&a)[4], unsi
           "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
           "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
           "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "r"(desc_lo), "n"(DESC_HI),
-          "n"(TRANS_B));
+        : HK_WGMMA_INPUTS);
 }
 
 // n = 8: the span kernel's last 8 keys of a 136- or 72-key chunk (gqa_flash_prefill_wgspan.hip).
@@ -233,13 +235,10 @@ template <int TRANS_B, unsigned int DESC_HI>
 HK_INLINE void hk_wgmma_n8(float (&d)[1][4], const unsigned int (&a)[4], unsigned int desc_lo,
                            int accumulate) {
     asm volatile(
-        "{\n.reg .pred p;\n.reg .b32 dh;\n.reg .b64 db;\nsetp.ne.b32 p, %8, 0;\n"
-        "mov.b32 dh, %10;\nmov.b64 db, {%9, dh};\n"
-        "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, db, p, 1, 1, %11;\n}"
+        HK_WGMMA_HEAD(8, 9, 10) "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, " HK_WGMMA_TAIL(11)
         : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "r"(desc_lo), "n"(DESC_HI),
-          "n"(TRANS_B));
+        : HK_WGMMA_INPUTS);
 }
 
 // D += A * B for N in {8, 32, 64, 128}; B by descriptor, low word desc_lo, high word DESC_HI.
