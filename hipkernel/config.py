@@ -110,6 +110,15 @@ WGMMA_WS_SMEM_BUDGET = 192 * 1024
 # H200 (wgmma_m16_b64) 16384@0 ran 3.6 % faster (6.319 against 6.552 ms), 512@8192 4 %;
 # at d = 128 (the ws tile) it did not pay (6.346 against 6.311).
 WGMMA_RESCALE_LOG2 = 8
+# Row sums on the tensor cores on the wgmma path at d = 64 (``rowsum_mma``; the kernel's
+# ROWSUM_MMA): l += P . 1, one m64n8k16 wgmma a 16-key step beside P.V's, against a 2 KiB
+# block of fp16 ones after the K/V stages (before their mbarriers): l then sums the fp16 P
+# that P.V multiplies (hipkernel.model follows), and the softmax loses its FADD a score. On
+# the H200 (wgmma_m16_b64, same process and inputs, reports/wip/session29 calls 1-3) 16384@0
+# ran 1.0-1.5 % faster (4.93-4.97 against 5.00-5.05 ms), 512@8192 0.5-1.3 %, 4096@8192
+# 1.6-2.3 %; at d = 128 (the ws tile, whose consumers then spilled 8 bytes) 3.5 % slower.
+WGMMA_ROWSUM_HEAD_DIMS = (64,)
+WGMMA_ONES_BYTES = 2048
 
 
 def _check_int(name: str, x, allowed) -> int:
@@ -319,8 +328,9 @@ class KernelConfig:
 
     def dynamic_smem_bytes(self, d: int, stages: int | None = None) -> int:
         """The dynamic shared memory a launch at head dim ``d`` passes: the wgmma path's
-        K/V stages and their two mbarriers (16 bytes a stage), with a producer (``ws``) 16
-        bytes more (the TMA copies' first-tile mbarrier and the sink logit's word); 0 on the
+        K/V stages, with ``rowsum_mma`` the 2 KiB of ones (``WGMMA_ONES_BYTES``), the stages'
+        two mbarriers (16 bytes a stage), with a producer (``ws``) 16 bytes more (the TMA
+        copies' first-tile mbarrier and the sink logit's word); 0 on the
         other paths (their shared memory is static); on the wgspan path its chunk buffers and,
         at d = 64, the staged epilogue's 2 KiB a warp (``WGSPAN_EPI_BYTES_PER_WARP``).
         ``stages``: that many K/V stages instead of ``kv_stages(d)`` (an A/B's KV_STAGES)."""
@@ -330,13 +340,20 @@ class KernelConfig:
             return stages * self._kv_tile_bytes(d) + epi
         if self.path != "wgmma":
             return 0
-        return stages * (self._kv_tile_bytes(d) + 16) + (16 if self.ws else 0)
+        ones = WGMMA_ONES_BYTES if self.rowsum_mma(d) else 0
+        return stages * (self._kv_tile_bytes(d) + 16) + ones + (16 if self.ws else 0)
 
     def rescale_log2(self, d: int) -> int:
         """The lazy-rescaling threshold at head dim ``d`` (``WGMMA_RESCALE_LOG2`` on the
         wgmma path at d = 64, else 0: every tile rescales). It changes the rounding, so the
         model follows it."""
         return WGMMA_RESCALE_LOG2 if self.path == "wgmma" and d == 64 else 0
+
+    def rowsum_mma(self, d: int) -> bool:
+        """Whether the row sums l run on the tensor cores at head dim ``d`` (the wgmma path at
+        d = 64, ``WGMMA_ROWSUM_HEAD_DIMS``): l = sum of the fp16 P, not of the fp32 p. It
+        changes the rounding, so the model follows it."""
+        return self.path == "wgmma" and d in WGMMA_ROWSUM_HEAD_DIMS
 
     def fits(self, d: int) -> bool:
         """Whether this config compiles at head dim ``d``: its shared memory fits (48 KiB
@@ -384,6 +401,8 @@ class KernelConfig:
             defines["WS"] = 1
         if self.rescale_log2(d):
             defines["RESCALE_LOG2"] = self.rescale_log2(d)
+        if self.rowsum_mma(d):
+            defines["ROWSUM_MMA"] = 1
         return defines
 
 

@@ -40,7 +40,7 @@ KV tiles t = t0 .. ceil(kv_end / BKV) - 1, keys j in [t*BKV, t*BKV + BKV):
           p_j   = exp2(fma(s_j, c2, -m_new))     one rounding, so p_j has no error of size
                                                  ulp(c2 s_j) where |c2 s_j| is large (at
                                                  fp16-max logits that would be 0.27 % of p_j)
-          l     = l * alpha + sum_j p_j
+          l     = l * alpha + sum_j p_j              (rowsum_mma: sum_j fp16(p_j), below)
           acc   = acc * alpha + sum_j p_j * v_j
           m     = m_new
 
@@ -72,7 +72,9 @@ free of spills.)
 
 Inputs are fp16, arithmetic is fp32 (``np.float32`` throughout, exp2 in fp32), the output
 is fp16. On the tensor-core paths (``config.path`` "mma" or "wgmma") P is rounded to fp16
-before P.V (l still sums the fp32 p), which the model mirrors. The kernel's dot products and sums run in a different order than NumPy's, so the
+before P.V, which the model mirrors; l still sums the fp32 p, except on the wgmma path at
+d = 64 (``config.rowsum_mma(d)``), whose kernel sums P on the tensor cores beside P.V
+(P . 1): there l sums the fp16 P that P.V multiplies. The kernel's dot products and sums run in a different order than NumPy's, so the
 two agree to fp32 rounding, not bitwise.
 """
 
@@ -159,6 +161,7 @@ def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str]) -> np.ndar
     # out = acc * (f * (1 / l)).
     tensor_core = config.path in TENSOR_CORE_PATHS
     lazy = config.rescale_log2(a.d)  # 0: every tile rescales
+    rowsum = config.rowsum_mma(a.d)  # l sums the fp16 P (P . 1 on the tensor cores)
     S_cap, skv, W = k.shape[2], a.skv, a.window
     past = 0 if "past_len_ignored" in mut else a.past_len  # p = i: top-left alignment
     c2 = _F32(a.scale) * LOG2E  # the kernel gets scale as a float and multiplies in fp32
@@ -245,9 +248,10 @@ def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str]) -> np.ndar
             # fma(s, c2, -m): the fp64 product of two fp32 values is exact
             s = (s.astype(np.float64) * np.float64(c2) - m_ref[..., None]).astype(_F32)
             np.exp2(s, out=s)  # p_j; invisible keys: exp2(-inf) = 0
-            l_new = l * alpha + s.sum(axis=-1)
-            # the tensor-core paths feed P to the MMAs as fp16 (l keeps the fp32 p)
+            # the tensor-core paths feed P to the MMAs as fp16; l keeps the fp32 p, or sums
+            # that fp16 P on the tensor cores too (rowsum_mma: P . 1 beside P . V)
             pv = s.astype(np.float16).astype(_F32) if tensor_core else s
+            l_new = l * alpha + (pv if rowsum else s).sum(axis=-1)
             acc_new = acc * alpha[..., None] + _matmul(pv, vt[:, :, None])
             if "sink_per_tile" in mut and has_sink:
                 l_new += np.exp2(sig2 - m_ref)  # split-KV bug: one sink term per tile

@@ -23,9 +23,10 @@ def test_parse_variant():
     v = ab.parse_variant("deep=wip/x~1@wgmma_m16_b64+KV_STAGES=4+LOOKAHEAD=1")
     assert (v.label, v.rev, v.macros) == ("deep", "wip/x~1", {"KV_STAGES": 4, "LOOKAHEAD": 1})
     assert v.defines(64) == {"HEAD_DIM": 64, "M_TILES": 16, "BKV": 64, "KV_STAGES": 4, "LOOKAHEAD": 1,
-                              "RESCALE_LOG2": 8}
-    # KV_STAGES resizes the dynamic shared memory: 4 x (a 64-key K and V tile + 16 bytes)
-    assert v.shared_mem(64) == 4 * (2 * 64 * 64 * 2 + 16)
+                              "RESCALE_LOG2": 8, "ROWSUM_MMA": 1}
+    # KV_STAGES resizes the dynamic shared memory: 4 x (a 64-key K and V tile + 16 bytes),
+    # and the row sums' 2 KiB of ones
+    assert v.shared_mem(64) == 4 * (2 * 64 * 64 * 2 + 16) + 2048
     assert ab.parse_variant(".@wgmma_m16_b64").shared_mem(64) == KernelConfig(16, 64, "wgmma").dynamic_smem_bytes(64)
     assert ab.parse_variant(".@mma_m8_b64_w2+MIN_BLOCKS=1").shared_mem(64) == 0
     # SMEM_PLUS adds bytes to it; KV_STAGES on the wgspan path scales its round buffers
@@ -33,7 +34,7 @@ def test_parse_variant():
     assert ab.parse_variant(".@wgspan_m4_b136_p8_q4+SMEM_PLUS=8192").shared_mem(64) == span.dynamic_smem_bytes(64) + 8192
     # (and keeps the staged epilogue's 2 KiB a warp once)
     assert ab.parse_variant(".@wgspan_m4_b136_p8_q4+KV_STAGES=2").shared_mem(64) == 2 * span.smem_bytes(64) + 4 * 2048
-    assert ab.parse_variant(".@wgmma_m16_b64+KV_STAGES=4+SMEM_PLUS=16").shared_mem(64) == 4 * (2 * 64 * 64 * 2 + 16) + 16
+    assert ab.parse_variant(".@wgmma_m16_b64+KV_STAGES=4+SMEM_PLUS=16").shared_mem(64) == 4 * (2 * 64 * 64 * 2 + 16) + 2048 + 16
     for bad, why in [("main", "expected"), ("main@", "expected"), ("main@nope_m4", "config"),
                      ("main@mma_m4_b64+SMEM_PLUS=64", "SMEM_PLUS"),
                      ("main@wgspan_m4_b136_p8_q4+SMEM_PLUS=-1", "bytes >= 0"),
@@ -83,7 +84,7 @@ def test_run_times_every_variant_on_the_same_inputs_and_compares_them():
     lines = []
     doc = ab.run(be, variants, shapes, passes=2, n=3, reps=2, log=lines.append)
     assert [(c["variant"], c["shared_mem"]) for c in doc["compiled"]] == [
-        (".@mma_m4_b64", 0), ("mb", 0), ("wg", 4 * (2 * 64 * 64 * 2 + 16)), (".@mma_m4_b32", 0)]
+        (".@mma_m4_b64", 0), ("mb", 0), ("wg", 4 * (2 * 64 * 64 * 2 + 16) + 2048), (".@mma_m4_b32", 0)]
     assert doc["compiled"][1]["defines"]["MIN_BLOCKS"] == 2
     rows = doc["rows"]
     assert len(rows) == len(shapes) * len(variants) * 2
@@ -99,7 +100,7 @@ def test_run_times_every_variant_on_the_same_inputs_and_compares_them():
             assert by[(s, v.label, 1)]["rel_l2"] is None  # compared once
     # each launch: the variant's grid, block and shared memory, the shape's ABI arguments
     timed = [l for l in be.launches if l["kernel"].get("KV_STAGES") == 4]
-    assert timed and all(l["block"] == (512, 1, 1) and l["shared_mem"] == 65600 for l in timed)
+    assert timed and all(l["block"] == (512, 1, 1) and l["shared_mem"] == 65600 + 2048 for l in timed)
     assert {tuple(l["args"][5:12]) for l in timed} == {(20, 64, 8, 32, 12, -1, 1), (33, 64, 8, 73, 40, 16, 1)}
     assert len(lines) == len(doc["compiled"]) + len(rows)
     for r in rows:  # the model launches on the host: its enqueue time is its burst time

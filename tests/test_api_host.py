@@ -269,11 +269,11 @@ def test_wgmma_config_needs_an_sm90_target():
         assert sources == [api.kernel_source("wgmma")], f"{arch}: not compiled from the wgmma source"
         launch = be.launches[-1]
         assert launch["kernel"] == {"HEAD_DIM": 64, "M_TILES": 8, "BKV": 64, "KV_STAGES": 6,
-                                    "RESCALE_LOG2": 8}
+                                    "RESCALE_LOG2": 8, "ROWSUM_MMA": 1}
         assert launch["block"] == (256, 1, 1) and launch["grid"] == (1, 8, 1)
-        # its K/V stages are dynamic shared memory, passed at launch: 6 x 16 KiB, and 6 x 16
-        # bytes of mbarriers
-        assert launch["shared_mem"] == KernelConfig(8, 64, "wgmma").dynamic_smem_bytes(64) == 98400
+        # its K/V stages are dynamic shared memory, passed at launch: 6 x 16 KiB, the row
+        # sums' 2 KiB of ones and 6 x 16 bytes of mbarriers
+        assert launch["shared_mem"] == KernelConfig(8, 64, "wgmma").dynamic_smem_bytes(64) == 98400 + 2048
         # with a producer warpgroup (a config dict says ws): 128 more threads, -DWS=1, and
         # its own stage budget at d = 128 (3 x 64 KiB of 128-key tiles)
         geom128 = {**geom, "d": 128}

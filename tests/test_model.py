@@ -543,15 +543,16 @@ def test_wgmma_config_geometry_and_shared_memory():
     assert (WGMMA_SMEM_BUDGET, WGMMA_MAX_STAGES) == (96 * 1024, 6)
     # 64-key tiles at d = 64: 16 KiB a stage, 6 stages = the whole 96 KiB budget
     assert c16.defines(64) == {"HEAD_DIM": 64, "M_TILES": 16, "BKV": 64, "KV_STAGES": 6,
-                             "RESCALE_LOG2": 8}
-    # ... and after the stages two mbarriers a stage (16 bytes), reserved on every wgmma tile
-    assert (c16.kv_stages(64), c16.smem_bytes(64), c16.dynamic_smem_bytes(64)) == (6, 98304, 98304 + 96)
+                             "RESCALE_LOG2": 8, "ROWSUM_MMA": 1}
+    # ... then at d = 64 the row sums' 2 KiB of ones, and two mbarriers a stage (16 bytes),
+    # reserved on every wgmma tile
+    assert (c16.kv_stages(64), c16.smem_bytes(64), c16.dynamic_smem_bytes(64)) == (6, 98304, 98304 + 2048 + 96)
     # 64-key tiles at d = 128: 32 KiB a stage, 3 stages
     assert (c.kv_stages(128), c.smem_bytes(128)) == (3, 3 * 2 * 64 * 128 * 2) == (3, 98304)
     assert c.dynamic_smem_bytes(128) == 98304 + 3 * 16
     # capped at 6 stages: 32-key tiles at d = 64 are 8 KiB a stage, 12 would fit
     c32 = KernelConfig(8, 32, "wgmma")
-    assert (c32.kv_stages(64), c32.dynamic_smem_bytes(64)) == (6, 6 * 2 * 32 * 64 * 2 + 6 * 16)
+    assert (c32.kv_stages(64), c32.dynamic_smem_bytes(64)) == (6, 6 * 2 * 32 * 64 * 2 + 2048 + 6 * 16)
     # one 128-key stage is 32 KiB at d = 64 (3 stages) and 64 KiB at d = 128 (one)
     big = KernelConfig(8, 128, "wgmma")
     assert (big.kv_stages(64), big.smem_bytes(64), big.fits(64)) == (3, 98304, True)
@@ -688,8 +689,10 @@ def test_wgmma_model_is_the_mma_model(d, bkv, m_wg, monkeypatch):
     before P.V, the same KV walk) but for lazy rescaling (off here; see the next test):
     bitwise equal output, with a sink, a window and a ragged tail, also with four warpgroups
     a block (256 rows; the extra tiles its start clamp walks are invisible to the rows that
-    did not need them). Against the scalar path they differ by that rounding only."""
+    did not need them). Against the scalar path they differ by that rounding only. (At
+    d = 64 also with l summed in fp32, not on the tensor cores: off here too.)"""
     monkeypatch.setattr(config_module, "WGMMA_RESCALE_LOG2", 0)
+    monkeypatch.setattr(config_module, "WGMMA_ROWSUM_HEAD_DIMS", ())
     s = Shape("wgmma", B=2, Sq=300, Hq=8, Hkv=2, d=d, past=83, window=70, sink="per_head", seed=3)
     wg = run_model(replace(s, config=KernelConfig(m_wg, bkv, "wgmma")))
     mma = run_model(replace(s, config=KernelConfig(8, bkv, "mma")))
@@ -727,6 +730,37 @@ def test_lazy_rescaling_is_the_wgmma_d64_rule():
         assert cfg.rescale_log2(128) == 0 and "RESCALE_LOG2" not in cfg.defines(128)
     for cfg in (DEFAULT, KernelConfig(4, 64, "mma"), KernelConfig(8, 64, "mma", 2)):
         assert cfg.rescale_log2(64) == 0 and "RESCALE_LOG2" not in cfg.defines(64)
+
+
+def test_rowsum_mma_is_the_wgmma_d64_rule():
+    """Row sums on the tensor cores are on for the wgmma path at d = 64 only: they reach the
+    kernel as ROWSUM_MMA and add the 2 KiB block of ones to its dynamic shared memory;
+    elsewhere the macro is absent (the kernel's default, 0: l sums the fp32 p)."""
+    for cfg in (KernelConfig(16, 64, "wgmma"), KernelConfig(4, 32, "wgmma"), KernelConfig(8, 64, "wgmma", ws=True)):
+        assert cfg.rowsum_mma(64) and cfg.defines(64)["ROWSUM_MMA"] == 1
+        assert not cfg.rowsum_mma(128) and "ROWSUM_MMA" not in cfg.defines(128)
+        stages = cfg.kv_stages(64)
+        assert cfg.dynamic_smem_bytes(64) == stages * (cfg.smem_bytes(64) // stages + 16) + 2048 + 16 * cfg.ws
+    for cfg in (DEFAULT, KernelConfig(4, 64, "mma"), KernelConfig(4, 136, "wgspan", pack=8, walk=4)):
+        assert not cfg.rowsum_mma(64) and "ROWSUM_MMA" not in cfg.defines(64)
+
+
+@pytest.mark.parametrize("window, sink", [(-1, "per_head"), (70, "none"), (70, "smooth")])
+def test_rowsum_mma_model(window, sink, monkeypatch):
+    """The wgmma model at d = 64 sums the fp16 P into l: it matches the reference, and against
+    the same model with fp32 sums it moves only the rounding (not bitwise equal, within the
+    fp16 P's rounding)."""
+    s = Shape("rowsum", B=1, Sq=300, Hq=8, Hkv=2, past=83, window=window, sink=sink,
+              config=KernelConfig(16, 64, "wgmma"), seed=11)
+    assert s.config.rowsum_mma(s.d)
+    expected = run_reference(s)
+    fp16_sums = run_model(s)
+    assert_close(fp16_sums, expected)
+    monkeypatch.setattr(config_module, "WGMMA_ROWSUM_HEAD_DIMS", ())
+    fp32_sums = run_model(s)
+    assert_close(fp32_sums, expected)
+    assert not np.array_equal(fp16_sums, fp32_sums)
+    assert rel_l2(fp16_sums, fp32_sums) < 1e-3
 
 
 # Keys whose logits climb along the sequence (k_j scaled by 1 + j / 16): a row's max grows

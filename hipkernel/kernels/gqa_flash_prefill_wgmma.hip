@@ -8,13 +8,15 @@
 //                 per tile: 32, 64 or 128), KV_STAGES (K/V tile buffers, >= 1), WS (0 | 1:
 //                 a producer warpgroup, below; with it TMA and OVERLAP, on by default),
 //                 RESCALE_LOG2 (lazy rescaling, flash_rows.h; KernelConfig.rescale_log2
-//                 sets it, the model follows)
+//                 sets it, the model follows), ROWSUM_MMA (0 | 1: l summed on the tensor
+//                 cores, below; KernelConfig.rowsum_mma sets it, the model follows)
 //   grid          (ceil(Sq / BM), Hq, B), BM = 16 * M_TILES
 //   block         32 * M_TILES threads = M_TILES / 4 warpgroups, + 128 with WS; warpgroup w
 //                 < M_TILES / 4 owns query rows [64 w, 64 w + 64) of the Q tile, its warp x
 //                 rows [16 x, 16 x + 16) of those; with WS the last warpgroup only loads
 //   shared        dynamic, KV_STAGES x (K tile + V tile) = KV_STAGES * 4 * BKV * HEAD_DIM
-//                 bytes, then two mbarriers a stage (16 bytes; with WS 16 more, below; KernelConfig.
+//                 bytes, with ROWSUM_MMA 2 KiB of fp16 ones, then two mbarriers a stage (16
+//                 bytes; with WS 16 more, below; KernelConfig.
 //                 dynamic_smem_bytes; the launch raises the function's limit above the
 //                 default 48 KiB), BKV x HEAD_DIM halves a tile, in wgmma's 128-byte
 //                 swizzled layout (below), each tile 1024-byte aligned
@@ -30,6 +32,9 @@
 //   O += P V     one wgmma m64 n HEAD_DIM k16 per 16 keys: P (rounded to fp16, as model.py
 //                does for the tensor-core paths) from registers, V from shared memory,
 //                read transposed (MN-major) by the same descriptor mechanism.
+//   l += P 1     with ROWSUM_MMA, one wgmma m64 n8 k16 per 16 keys beside P V's, B the
+//                block of ones: l sums the fp16 P that P V multiplies (else, as in the mma
+//                path, each lane sums its fp32 p and the row's 4 lanes add theirs up).
 // A warpgroup's S and O fragments are, warp by warp, exactly the mma path's, so the softmax
 // is the same code. A warpgroup skips a KV tile none of its 64 rows sees; as in the mma path
 // that is bit-identical to walking it, except under no_nan_guard and tail_unmasked.
@@ -140,6 +145,17 @@
 #define TILE_BYTES (BKV * HEAD_DIM * 2)
 #define CBLOCK_BYTES (BKV * 128)  // a 64-dim column block of a tile (see the header)
 #define DESC_SW128 (1u << 30)  // the mode, bits 62-63 of the descriptor: its high word's 30-31
+// ROWSUM_MMA (KernelConfig.rowsum_mma sets it, the model follows): the row sums ride on the
+// tensor cores, l += P . 1, one m64n8k16 wgmma a 16-key step beside P.V's, B a block of fp16
+// ones after the K/V stages (16 rows of 128 bytes: whatever the descriptor's layout reads of
+// it is 1). l is then the sum of the fp16 P that P.V multiplies, accumulated like acc (and
+// scaled with it), and the softmax has no FADD an element. 0: l sums the fp32 p in registers.
+#ifndef ROWSUM_MMA
+#define ROWSUM_MMA 0
+#endif
+#define ONES_BYTES (ROWSUM_MMA ? 2048 : 0)
+#define BARS_AT (KV_STAGES * 2u * TILE_BYTES + ONES_BYTES)  // the mbarriers' byte offset
+#define ONES_DESC (KV_STAGES * 2u * TILE_BYTES >> 4)  // from K stage 0's descriptor to theirs
 #if TILE_BYTES % 1024 != 0
 #error "a tile must be a whole number of 1024-byte swizzle atoms"
 #endif
@@ -292,8 +308,8 @@ HK_INLINE void tma_first_tile_zeroed(const hk_tensor_map* tmap_k, const hk_tenso
     const int chunks = 8 * below;  // 16-byte chunks of a column block's rows below kv_start
     for (int i = lt; i < chunks * (HEAD_DIM / 64); i += 128) {
         const unsigned int at = (i / chunks) * CBLOCK_BYTES + 16u * (i % chunks);
-        hk_st_shared_zero16(k_s0 + at);
-        hk_st_shared_zero16(v_s0 + at);
+        hk_st_shared_16(k_s0 + at, 0u);
+        hk_st_shared_16(v_s0 + at, 0u);
     }
     hk_fence_proxy_async();  // the zeros, visible to wgmma's operand reads ...
     hk_named_sync(bar_id, 128);  // ... once every thread of the warpgroup has written its own
@@ -352,9 +368,16 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
 #if TMA
     // after the stages' barriers (KernelConfig.dynamic_smem_bytes: 16 bytes more with WS): the
     // barrier a windowed first tile's copies land on, then (OVERLAP) the sink logit's word
-    const unsigned int first_bar = hk_smem_u32(kv_s) + KV_STAGES * (2u * TILE_BYTES + 16u);
+    const unsigned int first_bar = hk_smem_u32(kv_s) + BARS_AT + KV_STAGES * 16u;
     const int bh = b * Hkv + kvh;               // the tensor maps' third coordinate
     const int below = kv_start - t0 * BKV;      // keys of the first tile below every row's window
+#endif
+
+#if ROWSUM_MMA
+    if (tid < ONES_BYTES / 16) {  // visible to wgmma after the fence and the first block barrier
+        hk_st_shared_16(hk_smem_u32(kv_s) + KV_STAGES * 2u * TILE_BYTES + 16u * tid, 0x3c003c00u);  // 8 fp16 ones
+        hk_fence_proxy_async();
+    }
 #endif
 
 #if WS
@@ -368,12 +391,12 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     // both follow the K/V stages in the dynamic buffer (16 bytes a stage). The producer loads
     // tile t into stage (t - t0) % KV_STAGES as soon as every consumer is done with the tile
     // before it there, then leaves; the consumers never meet at a block barrier.
-    const unsigned int full0 = hk_smem_u32(kv_s) + KV_STAGES * 2u * TILE_BYTES;
+    const unsigned int full0 = hk_smem_u32(kv_s) + BARS_AT;
     const unsigned int empty0 = full0 + 8u * KV_STAGES;
 #if OVERLAP
     // The sink logit waits for the epilogue here: in a register through the loop, next to the
     // owed P, ptxas spilled it (240 registers a consumer).
-    float* const sig2_s = reinterpret_cast<float*>(reinterpret_cast<char*>(kv_s) + KV_STAGES * (2 * TILE_BYTES + 16) + 8);
+    float* const sig2_s = reinterpret_cast<float*>(reinterpret_cast<char*>(kv_s) + BARS_AT + KV_STAGES * 16 + 8);
     if (tid == 0) *sig2_s = sig2;
 #endif
     if (tid == 0) {
@@ -463,7 +486,12 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     load_q_fragments(qf, qrow);
     const float c2 = scale * LOG2E;  // s2 = c2 * dot(q, k): logits in exp2 space
 
-    float m[2] = {hk_neg_inf(), hk_neg_inf()}, l[2] = {0.0f, 0.0f};
+    float m[2] = {hk_neg_inf(), hk_neg_inf()};
+#if ROWSUM_MMA
+    float ls[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};  // the row sums, a D fragment of n = 8: ls[0][2 r], [2 r + 1] row g + 8 r's l
+#else
+    float l[2] = {0.0f, 0.0f};  // the row sums
+#endif
     float o[NB_O][4];  // the O accumulator, a wgmma D fragment of n = HEAD_DIM
 #pragma unroll
     for (int nd = 0; nd < NB_O; ++nd)
@@ -511,7 +539,7 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     // loads its share of tile t + LOOKAHEAD at iteration t, into the stage of tile
     // t + LOOKAHEAD - KV_STAGES, which it first waits to be empty: so a warpgroup may run
     // up to KV_STAGES - 1 - LOOKAHEAD tiles ahead of the slowest before anyone blocks.
-    const unsigned int full0 = hk_smem_u32(kv_s) + KV_STAGES * 2u * TILE_BYTES;
+    const unsigned int full0 = hk_smem_u32(kv_s) + BARS_AT;
     const unsigned int empty0 = full0 + 8u * KV_STAGES;
     auto start = [&]() {
         if (tid == 0) {
@@ -589,14 +617,42 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     const int wg = warp >> 2;
     if (wg == NWG - 1) hk_named_arrive(1, 256);  // warpgroup 0 goes first
 #endif
-    // acc += P.V of one tile (v_lo: its V descriptor's low word), P from registers.
-    auto pv = [&](const unsigned int (&pa)[KC_P][4], unsigned int v_lo) {
+    // The accumulators the wgmma write (acc, and with ROWSUM_MMA l), tied to this point.
+    auto fence_acc = [&]() {
         hk_wgmma_fence_acc(o);
+#if ROWSUM_MMA
+        hk_wgmma_fence_acc(ls);
+#endif
+    };
+    // acc += P.V (and l += P.1) of one tile (v_lo: its V descriptor's low word), P from registers.
+    auto pv = [&](const unsigned int (&pa)[KC_P][4], unsigned int v_lo) {
+        fence_acc();
         hk_wgmma_fence();
 #pragma unroll
         for (int kc = 0; kc < KC_P; ++kc)  // 16 keys on: two 8-key groups of 1024 bytes
             hk_wgmma<HEAD_DIM, 1, DESC_SW128 | 64u>(o, pa[kc], v_lo + (2048u >> 4) * kc, 1);
+#if ROWSUM_MMA
+#pragma unroll
+        for (int kc = 0; kc < KC_P; ++kc) hk_wgmma<8, 1, DESC_SW128 | 64u>(ls, pa[kc], k_lo0 + ONES_DESC, 1);
+#endif
         hk_wgmma_commit();
+    };
+    // The softmax of a tile (s becomes P; with fp32 row sums l is updated here); whether acc
+    // (and l on the tensor cores) must be scaled by alpha, which `rescale` does once the P.V
+    // that adds to them has landed.
+    auto softmax = [&](float (&s)[NB_S][4], float (&alpha)[2]) {
+#if ROWSUM_MMA
+        return softmax_p(s, m, alpha, c2);
+#else
+        return softmax_scores(s, m, l, alpha, c2, has_sink, sig2);
+#endif
+    };
+    auto rescale = [&](const float (&alpha)[2], bool scale) {
+        rescale_acc(o, alpha, scale);
+#if ROWSUM_MMA
+        rescale_acc(ls, alpha, scale);
+        sink_per_tile_mutant(ls[0][0], ls[0][2], m, has_sink, sig2);
+#endif
     };
 #if OVERLAP
     // The P.V owed (`pending`): the P of the tile before (zeros before the first, whose P.V
@@ -613,7 +669,7 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
         if (pending) {
             pv(pa_p, v_lo0 + prev(st) * (TILE_BYTES >> 4));
             hk_wgmma_wait<0>();
-            hk_wgmma_fence_acc(o);
+            fence_acc();
             release(0, prev(st));
             pending = false;
         }
@@ -654,10 +710,10 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
             if (!whole) mask_scores(s, j0, t4, p_r, window);
 #if OVERLAP
             float alpha[2];
-            const bool rescale = softmax_scores(s, m, l, alpha, c2, has_sink, sig2);
+            const bool scale = softmax(s, alpha);
             hk_wgmma_wait<0>();  // the previous tile's P.V has landed in acc
-            hk_wgmma_fence_acc(o);
-            rescale_acc(o, alpha, rescale);
+            fence_acc();
+            rescale(alpha, scale);
 #pragma unroll
             for (int kc = 0; kc < KC_P; ++kc) p_fragment(pa_p[kc], s, kc);
             if (pending) release(0, prev(st));
@@ -671,7 +727,8 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
             release(t, st);
         }
 #else
-            softmax_step(s, m, l, o, c2, has_sink, sig2);
+            float alpha[2];
+            rescale(alpha, softmax(s, alpha));
 
             // acc += P.V over every key of the tile, P rounded to fp16: p = 0 times a key no
             // row may see is why the load zero-fills them.
@@ -680,7 +737,7 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
             for (int kc = 0; kc < KC_P; ++kc) p_fragment(pa[kc], s, kc);
             pv(pa, v_lo);
             hk_wgmma_wait<0>();
-            hk_wgmma_fence_acc(o);
+            fence_acc();
         }
 #if PINGPONG
         else if (wg != NWG - 1 || t + 1 < t_end) hk_named_arrive(1 + (wg + 1) % NWG, 256);
@@ -698,6 +755,9 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
 #pragma unroll
     for (int r = 0; r < 2; ++r)
         orow[r] = i_r[r] < Sq ? out + (((hk_u64)b * Sq + i_r[r]) * Hq + h) * HEAD_DIM + 2 * t4 : nullptr;
+#if ROWSUM_MMA
+    const float l[2] = {ls[0][0], ls[0][2]};
+#endif
 #if OVERLAP
     finish_rows(o, m, l, has_sink, *sig2_s, orow);
 #else

@@ -92,8 +92,8 @@ HK_INLINE void hk_tma_load_3d(unsigned int dst, const hk_tensor_map* map, int c0
         " [%0], [%1, {%2, %3, %4}], [%5];"
         ::"r"(dst), "l"((hk_u64)map), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
 }
-HK_INLINE void hk_st_shared_zero16(unsigned int addr) {  // 16 zero bytes at a shared address
-    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(addr), "r"(0u) : "memory");
+HK_INLINE void hk_st_shared_16(unsigned int addr, unsigned int w) {  // 4 copies of w at a shared address
+    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(addr), "r"(w) : "memory");
 }
 // stmatrix (sm_90): four 8 x 8 matrices of 16-bit elements from the warp's registers into
 // shared memory. Lane L gives the shared address of row L % 8 of matrix L / 8 (16 bytes);
