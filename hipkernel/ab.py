@@ -18,13 +18,15 @@ A variant is ``[LABEL=]REV@CONFIG[+MACRO=VALUE...]``:
             ``PRODUCER_REGS``, ...); not the ones that fix the geometry (HEAD_DIM, M_TILES,
             BKV, WARP_M, WS, PACK, QWALK: choose another config); KV_STAGES also sizes the dynamic shared
             memory of a wgmma or wgspan variant, and SMEM_PLUS=n adds n bytes to it (for a
-            variant that keeps more in shared memory than its config says)
+            variant that keeps more in shared memory than its config says); SINK_MODE=m is
+            not a ``-D`` macro but the launches' ``sink_mode`` (0 none, 1 a per-head sink,
+            the default, 2 smooth): the same kernel timed without its sink
 
 Every variant of a shape runs on one set of resident inputs (``hipkernel.timing.Resident``,
-per-head sink): kernel-only time (``timing.burst_ms``: n back-to-back launches between two
+per-head sink unless SINK_MODE says otherwise): kernel-only time (``timing.burst_ms``: n back-to-back launches between two
 events, median of reps), ``--passes`` times over the variants in turn. Each row says whether
 the output is bit-identical to the first variant's with the same key tile (``bkv``: the
-tiles fix the rounding), and its relL2 against the fp32 reference where the shape is small
+tiles fix the rounding) and sink mode, and its relL2 against the fp32 reference where the shape is small
 enough (``--ref-max-pairs``). A shape's FLOPs are ``hipkernel.timing.flops``.
 
 A burst hides the host's launch cost only while a launch outlasts it. Each row also has
@@ -62,6 +64,7 @@ from hipkernel.config import WGMMA_PATHS, KernelConfig
 ROOT = Path(__file__).resolve().parent.parent
 WORKTREE = "."
 GEOMETRY_MACROS = ("HEAD_DIM", "M_TILES", "BKV", "WARP_M", "WS", "PACK", "QWALK")
+SINK_MODES = {0: "none", 1: "per_head", 2: "smooth"}  # +SINK_MODE=m: the launches' sink_mode
 HOST_BOUND = 0.8  # enqueue time / burst time from which a row times the host
 _VARIANT = re.compile(r"(?:(?P<label>[\w.-]+)=)?(?P<rev>[^@=+\s]+)@(?P<config>\w+)"
                       r"(?P<macros>(?:\+\w+=-?\d+)*)\Z")
@@ -77,7 +80,13 @@ class Variant:
     macros: dict = field(default_factory=dict)
 
     def defines(self, d: int) -> dict:
-        return {**api.kernel_defines(d, self.config), **self.macros}
+        return {**api.kernel_defines(d, self.config),
+                **{k: v for k, v in self.macros.items() if k != "SINK_MODE"}}
+
+    @property
+    def sink_mode(self) -> int:
+        """The launches' sink_mode (SINK_MODE; 1, a per-head sink, by default)."""
+        return self.macros.get("SINK_MODE", 1)
 
     def shared_mem(self, d: int) -> int:
         """The dynamic shared memory of a launch: the config's, with KV_STAGES overridden,
@@ -110,6 +119,9 @@ def parse_variant(spec: str) -> Variant:
     if "SMEM_PLUS" in macros and (config.path not in WGMMA_PATHS or macros["SMEM_PLUS"] < 0):
         raise ValueError(f"variant {spec!r}: SMEM_PLUS is extra dynamic shared memory (bytes "
                          f">= 0) of a wgmma or wgspan variant")
+    if macros.get("SINK_MODE", 1) not in SINK_MODES:
+        raise ValueError(f"variant {spec!r}: SINK_MODE is the launches' sink_mode, one of "
+                         f"{tuple(SINK_MODES)} ({', '.join(SINK_MODES.values())})")
     label = m.group("label") or spec.strip()
     return Variant(label, m.group("rev"), config, macros)
 
@@ -136,13 +148,14 @@ def source_at(rev: str, path: str, repo: Path = ROOT) -> str:
     return api.inline_includes(read, api.KERNEL_FILES[path].name)
 
 
-def _reference(r, window: int) -> np.ndarray:
+def _reference(r, window: int, sink_mode: int = 1) -> np.ndarray:
     from refattn.reference import attention
 
     h = r.host
     return attention(h["q"].astype(np.float32), h["k"].astype(np.float32),
                      h["v"].astype(np.float32), past_len=r.geom["past_len"], window=window,
-                     sink=h["sink"].astype(np.float32))
+                     sink=h["sink"].astype(np.float32) if sink_mode == 1 else None,
+                     smooth_softmax=sink_mode == 2)
 
 
 def run(backend, variants: list[Variant], shapes: list, *, passes: int = 2, n: int = 20,
@@ -187,8 +200,9 @@ def run(backend, variants: list[Variant], shapes: list, *, passes: int = 2, n: i
                      past_len=shape.past_len)
         try:
             pairs = g["B"] * g["Hq"] * visible_pairs(shape.sq, shape.past_len, shape.window)
-            expected = _reference(r, shape.window) if pairs <= ref_max_pairs else None
-            first_of_tile: dict[int, np.ndarray] = {}
+            expected = ({m: _reference(r, shape.window, m) for m in sorted({v.sink_mode for v in variants})}
+                        if pairs <= ref_max_pairs else {})  # by sink mode
+            first_of_tile: dict[tuple[int, int], np.ndarray] = {}
             for p in range(passes):
                 for v in variants:
                     k = kernels.get((g["d"], v.label))
@@ -205,7 +219,7 @@ def run(backend, variants: list[Variant], shapes: list, *, passes: int = 2, n: i
                     grid = v.config.grid(shape.sq, g["Hq"], g["B"])
                     if hang_s is not None:
                         faulthandler.dump_traceback_later(hang_s, exit=True)
-                    args = r.kernel_args(v.config, shape.window)
+                    args = r.kernel_args(v.config, shape.window, v.sink_mode)
                     try:
                         ms, host_ms = burst_timing(backend, k, grid, (v.config.threads, 1, 1), args,
                                                    v.shared_mem(g["d"]), n=n, reps=reps)
@@ -213,15 +227,16 @@ def run(backend, variants: list[Variant], shapes: list, *, passes: int = 2, n: i
                     finally:
                         if hang_s is not None:
                             faulthandler.cancel_dump_traceback_later()
-                    ref = first_of_tile.setdefault(v.config.bkv, out)
+                    ref = first_of_tile.setdefault((v.config.bkv, v.sink_mode), out)
                     same = None if ref is out else bool(np.array_equal(ref.view(np.uint16),
                                                                        out.view(np.uint16)))
                     row = dict(shape=shape.name, variant=v.label, config=v.config.name, bkv=v.config.bkv,
                                **{"pass": p}, ms=ms, tflops=shape.flops() / ms / 1e9,
                                host_ms=host_ms, host_bound=host_ms >= HOST_BOUND * ms,
                                bit_identical=same, finite=bool(np.isfinite(out).all()),
-                               rel_l2=(float(rel_l2(out.astype(np.float32), expected))
-                                       if expected is not None and p == 0 else None))
+                               sink_mode=v.sink_mode,
+                               rel_l2=(float(rel_l2(out.astype(np.float32), expected[v.sink_mode]))
+                                       if v.sink_mode in expected and p == 0 else None))
                     rows.append(row)
                     doc["running"] = None
                     save(doc)

@@ -68,16 +68,24 @@ Calls run back to back on the same inputs, so K/V may be L2-resident; that holds
 implementation alike.
 
 **Interleaved rounds.** The ``--reps`` timed calls of each implementation are split over
-``--rounds`` rounds (default 3); each round times every implementation in turn (hipkernel
-with and without the sink, then each peer that passed its check), the order rotated one
-place a round, and the median is taken over all of an implementation's calls. An H200
+``--rounds`` rounds (default 10); each round times every implementation in turn (hipkernel
+with and without the sink and each peer that passed its check), and the median is taken over
+all of an implementation's calls. The rounds' orders are a carryover-balanced (Williams)
+design (``carryover_orders``): over 2n rounds (n for an even number n of implementations)
+each implementation runs first equally often and right after every other one equally
+often, so none always follows the same one. The order matters: an implementation timed
+right after a heavier one meets a hotter, slower clock. With the order only rotated a place
+a round (this default before session 29), hipkernel without the sink, timed right after it
+with the sink in two rounds of three, took d128 16384@0 4-8 % longer than with it in three
+records, although the kernel is the same (in the same process, bursts of back-to-back
+launches: 3.97-3.98 ms either way; reports/wip/session29/call6). An H200
 running a long full-attention shape back to back sits at its power cap, and its SM clock
 drifts over seconds (1860-1875 MHz, dips to 1620, against 1980 idle, in session 25's
 sampling): timed one after another in one burst each, the implementations met different
 clocks. In the record that made this the default (kernel ``b4bdd5e4``, one burst each),
 hipkernel's d128 16384@0 took 4.129 ms with the sink and 4.575 without, for nearly the
 same work, and cuDNN's time on that shape moved from 3.469 ms in the record before to
-4.063. ``--rounds 1`` is the old order (one burst each).
+4.063. ``--rounds 1`` is the oldest order (one burst each).
 
 FLOPs (useful work only, what FlashAttention's benchmarks count)::
 
@@ -122,7 +130,7 @@ FLOP_FORMULA = ("FLOPs = 4 * d * Hq * B * sum_rows(visible keys of the row); row
 MATCH_REL_L2 = 2e-3  # a peer whose output is further than this from hipkernel's is not timed
 MIN_REPS = 20
 DEFAULT_REPS, DEFAULT_WARMUP = 30, 5
-DEFAULT_ROUNDS = 3  # interleaved rounds (module docstring, "Interleaved rounds")
+DEFAULT_ROUNDS = 10  # interleaved rounds: one whole balanced design of 5 implementations (module docstring)
 LN2 = math.log(2.0)  # flex's kernel keeps the LSE in base 2: ln Z = log2 Z * ln 2
 
 # Head geometries, B = 1, fp16.
@@ -708,19 +716,38 @@ def round_reps(reps: int, rounds: int) -> list[int]:
     return [reps // rounds + (1 if r < reps % rounds else 0) for r in range(rounds)]
 
 
+def carryover_orders(n: int) -> list[list[int]]:
+    """A Williams design for ``n`` implementations: orders of ``range(n)`` (n of them for an
+    even n, 2n for an odd one) in which each one stands in each place equally often and
+    follows each other one equally often (first-order carryover balanced). Row r is the first
+    row (0, 1, n-1, 2, n-2, ...) plus r mod n; for an odd n the same rows reversed follow."""
+    if n < 1:
+        return [[]]
+    first, lo, hi = [0], 1, n - 1
+    for i in range(1, n):
+        if i % 2:
+            first.append(lo)
+            lo += 1
+        else:
+            first.append(hi)
+            hi -= 1
+    rows = [[(x + r) % n for x in first] for r in range(n)]
+    return rows + [row[::-1] for row in rows] if n % 2 else rows
+
+
 def time_interleaved(timer, calls: dict, *, warmup: int, reps: int, rounds: int,
                      on_error=None) -> dict[str, list[float]]:
     """Time every ``calls[name]`` (a :class:`Call`) for ``reps`` calls in all, over ``rounds``
-    rounds: round r times each in turn, the order of ``calls`` rotated r places,
-    ``round_reps(reps, rounds)[r]`` calls after ``warmup`` untimed ones. Returns each name's
-    times in call order. A name whose timing raises is dropped from the later rounds and
-    from the result; ``on_error(name, exc)`` is told."""
+    rounds: round r times each in turn, in the order of row r (cyclically) of
+    ``carryover_orders(len(calls))``, ``round_reps(reps, rounds)[r]`` calls after ``warmup``
+    untimed ones. Returns each name's times in call order. A name whose timing raises is
+    dropped from the later rounds and from the result; ``on_error(name, exc)`` is told."""
     names = list(calls)
     times: dict[str, list[float]] = {n: [] for n in names}
     failed: set[str] = set()
+    orders = carryover_orders(len(names))
     for r, n_r in enumerate(round_reps(reps, rounds)):
-        k = r % len(names) if names else 0
-        for name in names[k:] + names[:k]:
+        for name in (names[i] for i in orders[r % len(orders)]):
             if name in failed:
                 continue
             try:
@@ -1147,9 +1174,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"untimed calls before each measurement (default {DEFAULT_WARMUP})")
     p.add_argument("--rounds", type=_count(1, ""), default=DEFAULT_ROUNDS, metavar="N",
                    help=f"split each implementation's --reps timed calls over N rounds, each "
-                        f"timing every implementation of the shape in turn (the order rotated "
-                        f"a place a round), so that all meet the same clock drift; 1 = one "
-                        f"burst each (default {DEFAULT_ROUNDS})")
+                        f"timing every implementation of the shape in turn, in the orders of a "
+                        f"carryover-balanced design (each follows every other equally often), "
+                        f"so that all meet the same clock drift; 1 = one burst each (default "
+                        f"{DEFAULT_ROUNDS})")
     p.add_argument("--no-ceilings", dest="ceilings", action="store_false",
                    help="skip the fp16 GEMM and copy ceilings")
     p.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
@@ -1205,8 +1233,10 @@ def run(args) -> int:
               "reps": env.reps, "rounds": env.rounds,
               "order": ("one burst of --reps calls each, hipkernel first" if env.rounds == 1 else
                         f"the reps split over {env.rounds} rounds, each timing every "
-                        "implementation in turn after --warmup calls, the order rotated a place "
-                        "a round; the median over all of an implementation's calls"),
+                        "implementation in turn after --warmup calls, in the orders of a "
+                        "carryover-balanced (Williams) design, each implementation right after "
+                        "every other equally often; the median over all of an implementation's "
+                        "calls"),
               "hipkernel_launch": "flash_prefill_v3 without its trailing "
               "synchronize; resident_time_ms = Resident.time_ms (synchronize per call)"}
     body = make_body(rows, ceilings=ceilings, peers_available=env.peers, timing=timing, meta=meta)

@@ -108,6 +108,27 @@ def test_run_times_every_variant_on_the_same_inputs_and_compares_them():
     json.dumps(doc)  # the document is JSON as it is
 
 
+def test_sink_mode_is_the_launches_not_a_define():
+    """+SINK_MODE=m times the same kernel with sink_mode m: no -D of it, the launches carry
+    it, the output is compared with the reference of that mode and bit for bit only with the
+    variants of the same tile and mode."""
+    v = ab.parse_variant("ns=.@mma_m4_b64+SINK_MODE=0")
+    assert v.sink_mode == 0 and "SINK_MODE" not in v.defines(64)
+    assert ab.parse_variant(".@mma_m4_b64").sink_mode == 1
+    with pytest.raises(ValueError, match="SINK_MODE"):
+        ab.parse_variant(".@mma_m4_b64+SINK_MODE=3")
+    be = ModelBackend(arch="sm_90")
+    variants = [ab.parse_variant(x) for x in (".@mma_m4_b64", "ns=.@mma_m4_b64+SINK_MODE=0",
+                                               "sm=.@mma_m4_b64+SINK_MODE=2", "ns2=.@mma_m4_b64+SINK_MODE=0")]
+    doc = ab.run(be, variants, [parse_shape("gptoss-20@12")], passes=1, n=2, reps=2, log=lambda _: None)
+    by = {r["variant"]: r for r in doc["rows"]}
+    assert [by[x]["sink_mode"] for x in (".@mma_m4_b64", "ns", "sm", "ns2")] == [1, 0, 2, 0]
+    assert by["ns"]["bit_identical"] is None and by["sm"]["bit_identical"] is None  # firsts of their mode
+    assert by["ns2"]["bit_identical"] is True
+    assert all(0 <= r["rel_l2"] < 2e-3 for r in doc["rows"]), doc["rows"]
+    assert {l["args"][11] for l in be.launches} == {0, 1, 2}  # the ABI's sink_mode
+
+
 class _Clocked:
     """A backend whose launches cost the host ``host_s`` each and the device ``device_ms``
     a launch (what its events would see)."""

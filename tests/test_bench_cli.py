@@ -5,6 +5,7 @@ paths, the record's JSON shape, and the ratio / target logic. The timing itself 
 import json
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -302,13 +303,38 @@ def test_round_reps_splits_evenly_larger_shares_first():
             bench.round_reps(30, bad)
 
 
-def test_rounds_time_every_implementation_in_turn_rotating_the_order():
+def test_carryover_orders_are_balanced():
+    """Every order is a permutation; over the design each implementation stands in each place
+    equally often and follows each other one equally often (n rows for an even n, 2n for an
+    odd one)."""
+    for n in range(1, 9):
+        rows = bench.carryover_orders(n)
+        assert len(rows) == (2 * n if n % 2 else n)
+        assert all(sorted(r) == list(range(n)) for r in rows)
+        places = Counter((i, x) for r in rows for i, x in enumerate(r))
+        assert set(places.values()) == {len(rows) // n}
+        follows = Counter((a, b) for r in rows for a, b in zip(r, r[1:]))
+        assert len(follows) == n * (n - 1) and len(set(follows.values())) <= 1
+    assert bench.carryover_orders(5)[0] == [0, 1, 4, 2, 3]
+
+
+def test_rounds_time_every_implementation_in_turn_in_balanced_orders():
     timer = DriftingTimer({"a": 1.0, "b": 1.0, "c": 1.0})
     fns = {n: named(n) for n in ("a", "b", "c")}
-    times = bench.time_interleaved(timer, fns, warmup=5, reps=30, rounds=3)
-    assert [b[0] for b in timer.bursts] == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
-    assert all(w == 5 and r == 10 for _, w, r in timer.bursts)
+    times = bench.time_interleaved(timer, fns, warmup=5, reps=30, rounds=6)
+    order = [b[0] for b in timer.bursts]
+    assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b",
+                     "c", "b", "a", "a", "c", "b", "b", "a", "c"]
+    # within the rounds, each implementation follows each other one twice
+    rounds = [order[i:i + 3] for i in range(0, 18, 3)]
+    assert Counter((x, y) for r in rounds for x, y in zip(r, r[1:])) == \
+        {(x, y): 2 for x in "abc" for y in "abc" if x != y}
+    assert all(w == 5 and r == 5 for _, w, r in timer.bursts)
     assert {n: len(t) for n, t in times.items()} == {"a": 30, "b": 30, "c": 30}
+    # more rounds than the design has rows: it starts over
+    timer = DriftingTimer({"a": 1.0, "b": 1.0})
+    bench.time_interleaved(timer, {n: named(n) for n in "ab"}, warmup=0, reps=20, rounds=3)
+    assert [b[0] for b in timer.bursts] == ["a", "b", "b", "a", "a", "b"]
 
 
 def test_rounds_share_a_drifting_clock_fairly():
@@ -385,7 +411,7 @@ def test_bench_times_hipkernel_in_rounds_and_records_them(capsys, fake_gpu, tmp_
                              "--json", str(path), "-q")
     assert code == 0, err
     rec = json.loads(path.read_text())
-    assert rec["timing"]["rounds"] == 4 and "rotated" in rec["timing"]["order"]
+    assert rec["timing"]["rounds"] == 4 and "carryover-balanced" in rec["timing"]["order"]
     assert "in 4 interleaved rounds" in out
     # both sink modes, 4 rounds each of 8, 8, 7, 7 calls; then the resident figure (30)
     assert calls[:8] == [(5, 8), (5, 8), (5, 8), (5, 8), (5, 7), (5, 7), (5, 7), (5, 7)]
