@@ -23,11 +23,12 @@ A variant is ``[LABEL=]REV@CONFIG[+MACRO=VALUE...]``:
             the default, 2 smooth): the same kernel timed without its sink
 
 Every variant of a shape runs on one set of resident inputs (``hipkernel.timing.Resident``,
-per-head sink unless SINK_MODE says otherwise): kernel-only time (``timing.burst_ms``: n back-to-back launches between two
-events, median of reps), ``--passes`` times over the variants in turn. Each row says whether
-the output is bit-identical to the first variant's with the same key tile (``bkv``: the
-tiles fix the rounding) and sink mode, and its relL2 against the fp32 reference where the shape is small
-enough (``--ref-max-pairs``). A shape's FLOPs are ``hipkernel.timing.flops``.
+per-head sink unless SINK_MODE says otherwise): kernel-only time (``timing.burst_ms``: n
+back-to-back launches between two events, median of reps), ``--passes`` times over the
+variants in turn. Each row says whether the output is bit-identical to the first variant's
+with the same key tile (``bkv``: the tiles fix the rounding) and sink mode, and its relL2
+against the fp32 reference of its sink mode where the shape is small enough
+(``--ref-max-pairs``). A shape's FLOPs are ``hipkernel.timing.flops``.
 
 A burst hides the host's launch cost only while a launch outlasts it. Each row also has
 ``host_ms``, the host's time to enqueue one launch in those bursts (``timing.burst_timing``), and
@@ -200,8 +201,9 @@ def run(backend, variants: list[Variant], shapes: list, *, passes: int = 2, n: i
                      past_len=shape.past_len)
         try:
             pairs = g["B"] * g["Hq"] * visible_pairs(shape.sq, shape.past_len, shape.window)
-            expected = ({m: _reference(r, shape.window, m) for m in sorted({v.sink_mode for v in variants})}
-                        if pairs <= ref_max_pairs else {})  # by sink mode
+            modes = sorted({v.sink_mode for v in variants})
+            expected = ({m: _reference(r, shape.window, m) for m in modes}  # by sink mode
+                        if pairs <= ref_max_pairs else {})
             first_of_tile: dict[tuple[int, int], np.ndarray] = {}
             for p in range(passes):
                 for v in variants:
