@@ -76,8 +76,8 @@ each implementation runs first equally often and right after every other one equ
 often, so none always follows the same one. The order matters: an implementation timed
 right after a heavier one meets a hotter, slower clock. With the order only rotated a place
 a round (this default before session 29), hipkernel without the sink, timed right after it
-with the sink in two rounds of three, took d128 16384@0 4-8 % longer than with it in three
-records, although the kernel is the same (in the same process, bursts of back-to-back
+with the sink in two rounds of three, took d128 16384@0 6.5 and 8.4 % longer than with it
+in two records (1.6-6.9 % in four benches of one call), although the kernel is the same (in the same process, bursts of back-to-back
 launches: 3.97-3.98 ms either way; reports/wip/session29/call6). An H200
 running a long full-attention shape back to back sits at its power cap, and its SM clock
 drifts over seconds (1860-1875 MHz, dips to 1620, against 1980 idle, in session 25's
