@@ -43,28 +43,41 @@ HK_INLINE void mask_scores(float (&s)[NB_S][4], int j0, int t4, const int (&p)[2
             if (!visible(p[e >> 1], j0 + 8 * nb + 2 * t4 + (e & 1), window)) s[nb][e] = hk_neg_inf();
 }
 
-// One online-softmax step over a tile of raw dot products s (in place: s becomes p, fp32).
-// Logits in exp2 space are s2 = c2 * dot, c2 = scale * LOG2E > 0, so max_j s2_j = c2 max_j
-// dot_j; m takes it rounded up (hk_mul_up, portable.h), so that every p_j <= 1. NaN guard: a
-// row that has seen nothing so far and sees nothing in this tile (m_new = -inf) keeps (m, l,
-// acc): it takes alpha = 1 and p = 0 instead of exp2(-inf - -inf) = NaN.
+// The sink_per_tile mutant: one sink term a tile, added to the row sums after their scaling,
+// in each row that has seen a key (m != -inf: the rows that updated); l_r is row g + 8 r's
+// sum, kept here (softmax_scores) or by the caller (the wgmma tile's ROWSUM_MMA). Nothing
+// without the mutant.
+HK_INLINE void sink_per_tile_mutant(float& l0, float& l1, const float (&m)[2], bool has_sink, float sig2) {
+#ifdef HIPKERNEL_MUTANT_SINK_PER_TILE
+    if (has_sink && m[0] != hk_neg_inf()) l0 += hk_exp2(sig2 - m[0]);  // split-KV bug
+    if (has_sink && m[1] != hk_neg_inf()) l1 += hk_exp2(sig2 - m[1]);
+#else
+    (void)l0, (void)l1, (void)m, (void)has_sink, (void)sig2;
+#endif
+}
+
+// One online-softmax step over a tile of raw dot products s (in place: s becomes p, fp32),
+// without the row sums. Logits in exp2 space are s2 = c2 * dot, c2 = scale * LOG2E > 0, so
+// max_j s2_j = c2 max_j dot_j; m takes it rounded up (hk_mul_up, portable.h), so that every
+// p_j <= 1. NaN guard: a row that has seen nothing so far and sees nothing in this tile
+// (m_new = -inf) keeps (m, l, acc): it takes alpha = 1 and p = 0 instead of
+// exp2(-inf - -inf) = NaN.
 //   p_j = exp2(s2_j - m_new) = exp2(fma(dot_j, c2, -m_new)), one FFMA and one MUFU; an
 //   invisible key (dot = -inf) gives exp2(-inf) = 0 with no select. A row that does not
 //   update has only invisible keys: its shift is 0, so its p are 0 too.
-// SUM_L: l = l * alpha + sum_j p_j here, in fp32; without, the caller sums the fp16 P on the
-// tensor cores and scales those sums by alpha with acc (the wgmma tile's ROWSUM_MMA), and l,
-// has_sink and sig2 are not read. Returns whether acc (and the caller's sums) must be scaled
-// by alpha (always, unless lazy rescaling skips it); rescale_acc does it.
-template <bool SUM_L, int NB_S>
-HK_INLINE bool softmax_tile(float (&s)[NB_S][4], float (&m)[2], float (&l)[2], float (&alpha)[2], float c2,
-                            bool has_sink, float sig2) {
+// on_p(r, p_j) sees each p of the lane's row g + 8 r as it is made (softmax_scores sums
+// them there; softmax_p, for the wgmma tile's ROWSUM_MMA, which sums the fp16 P on the tensor
+// cores, ignores them). Returns whether acc and the row sums must be scaled by alpha (always,
+// unless lazy rescaling skips it); rescale_acc does it.
+template <int NB_S, class OnP>
+HK_INLINE bool softmax_tile(float (&s)[NB_S][4], float (&m)[2], float (&alpha)[2], float c2, OnP&& on_p) {
     float m_tile[2] = {hk_neg_inf(), hk_neg_inf()};
 #pragma unroll
     for (int nb = 0; nb < NB_S; ++nb)
 #pragma unroll
         for (int e = 0; e < 4; ++e) m_tile[e >> 1] = hk_fmax(m_tile[e >> 1], s[nb][e]);
 
-    float m_new[2], neg_m[2], l_tile[2] = {0.0f, 0.0f};
+    float m_new[2], neg_m[2];
     bool update[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -98,24 +111,13 @@ HK_INLINE bool softmax_tile(float (&s)[NB_S][4], float (&m)[2], float (&l)[2], f
     for (int nb = 0; nb < NB_S; ++nb)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            const int r = e >> 1;
-            const float pj = hk_exp2_ftz(hk_fma(s[nb][e], c2, neg_m[r]));
+            const float pj = hk_exp2_ftz(hk_fma(s[nb][e], c2, neg_m[e >> 1]));
             s[nb][e] = pj;
-            if constexpr (SUM_L) l_tile[r] += pj;
+            on_p(e >> 1, pj);
         }
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        if constexpr (SUM_L) {
-            l_tile[r] += hk_xor(l_tile[r], 1);  // the row's sum over the whole tile
-            l_tile[r] += hk_xor(l_tile[r], 2);
-            l[r] = l[r] * alpha[r] + l_tile[r];
-        }
+    for (int r = 0; r < 2; ++r)
         if (update[r]) m[r] = m_new[r];
-#ifdef HIPKERNEL_MUTANT_SINK_PER_TILE
-        if (SUM_L && has_sink && update[r]) l[r] += hk_exp2(sig2 - m_new[r]);  // split-KV bug
-#endif
-    }
-    (void)has_sink, (void)sig2;
 #if RESCALE_LOG2 > 0
     return rescale;
 #else
@@ -123,30 +125,26 @@ HK_INLINE bool softmax_tile(float (&s)[NB_S][4], float (&m)[2], float (&l)[2], f
 #endif
 }
 
-// The step with l summed here (fp32).
-template <int NB_S>
-HK_INLINE bool softmax_scores(float (&s)[NB_S][4], float (&m)[2], float (&l)[2], float (&alpha)[2],
-                              float c2, bool has_sink, float sig2) {
-    return softmax_tile<true>(s, m, l, alpha, c2, has_sink, sig2);
-}
-
 // The step without the row sums (the caller's, on the tensor cores).
 template <int NB_S>
 HK_INLINE bool softmax_p(float (&s)[NB_S][4], float (&m)[2], float (&alpha)[2], float c2) {
-    float unused[2];
-    return softmax_tile<false>(s, m, unused, alpha, c2, false, 0.0f);
+    return softmax_tile(s, m, alpha, c2, [](int, float) {});
 }
 
-// The sink_per_tile mutant on row sums kept by the caller (softmax_p): one sink term a tile,
-// after their scaling, in each row that has seen a key (m != -inf, the rows that updated);
-// l_r is row g + 8 r's sum. Nothing without the mutant.
-HK_INLINE void sink_per_tile_mutant(float& l0, float& l1, const float (&m)[2], bool has_sink, float sig2) {
-#ifdef HIPKERNEL_MUTANT_SINK_PER_TILE
-    if (has_sink && m[0] != hk_neg_inf()) l0 += hk_exp2(sig2 - m[0]);  // split-KV bug
-    if (has_sink && m[1] != hk_neg_inf()) l1 += hk_exp2(sig2 - m[1]);
-#else
-    (void)l0, (void)l1, (void)m, (void)has_sink, (void)sig2;
-#endif
+// The step with the row sums in fp32: l = l * alpha + sum_j p_j over the row's 4 lanes.
+template <int NB_S>
+HK_INLINE bool softmax_scores(float (&s)[NB_S][4], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                              float c2, bool has_sink, float sig2) {
+    float l_tile[2] = {0.0f, 0.0f};
+    const bool rescale = softmax_tile(s, m, alpha, c2, [&](int r, float pj) { l_tile[r] += pj; });
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        l_tile[r] += hk_xor(l_tile[r], 1);  // the row's sum over the whole tile
+        l_tile[r] += hk_xor(l_tile[r], 2);
+        l[r] = l[r] * alpha[r] + l_tile[r];
+    }
+    sink_per_tile_mutant(l[0], l[1], m, has_sink, sig2);
+    return rescale;
 }
 
 // acc *= alpha, row by row, when softmax_scores asked for it.

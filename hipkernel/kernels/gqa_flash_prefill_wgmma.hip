@@ -185,22 +185,22 @@
 #elif !MBAR_PIPE
 #define PENDING (KV_STAGES > 1 ? KV_STAGES - 2 : 0)  // cp.async groups after tile t's
 #endif
-// OVERLAP (FlashAttention-3's intra-warpgroup overlap; with the TMA producer): a consumer
-// warpgroup issues tile t's Q K^T and the previous tile's P.V together and runs tile t's
-// softmax while that P.V is on the tensor cores; acc is scaled once it has landed, and the
-// previous tile's stage is released then. The sums and their order are OVERLAP 0's (the
-// first tile's P.V is of P = 0, adding zeros). It needs the owed P (32 registers at d 128)
-// beside Q, S and acc: 240 registers a consumer hold them without spilling, the owed
-// tile's stage derived from the current one and the sink logit kept in shared memory until
-// the epilogue; at 216 (the cp.async producer's) ptxas spilled 44 bytes and serialized the
-// wgmma. On the H200 (d 128, TMA, same process, bit-identical; a first version that spilled
-// 28 bytes; reports/wip/session27/call3): 16384@0 4.03 / 4.02 ms against 4.17 / 4.19
-// without it, 512@8192 0.1188 / 0.1198 against 0.1228 / 0.1224.
+// OVERLAP (FlashAttention-3's intra-warpgroup overlap): a consumer warpgroup issues tile t's Q K^T
+// and the previous tile's P.V together and runs tile t's softmax while that P.V is on the tensor
+// cores; acc is scaled once it has landed, and the previous tile's stage is released then. That
+// wait is hk_wgmma_wait_all_after: ptxas hoisted a bare one above the whole softmax, so that only
+// the two wgmma overlapped (sessions 27-29). The sums and their order are OVERLAP 0's (the first
+// tile's P.V is of P = 0, adding zeros). It needs the owed P (32 registers at d 128) beside Q, S
+// and acc: 240 registers a consumer hold them without spilling, the owed tile's stage derived from
+// the current one and, with the producer, the sink logit kept in shared memory until the epilogue.
+// On the H200 (same process, bit-identical; session 30's call 1): d 128 (wgmma_m8_b128_ws) 16384@0
+// 3.970-3.976 ms against 4.020-4.025 with the hoisted wait, 512@8192 0.1168-0.1177 against
+// 0.1186-0.1218 (with the hoisted wait, session 27 had 4.03 against 4.17 ms without OVERLAP). On by
+// default with the TMA producer. Allowed on the self-loading pipeline, but slower there: d 64 m16
+// (126 registers, no spill) 16384@0 5.08 ms against 4.98-5.02, 512@8192 0.159-0.161 against
+// 0.153-0.158 (four warpgroups an SM already overlap each other's softmax and wgmma).
 #ifndef OVERLAP
 #define OVERLAP (WS && TMA)
-#endif
-#if OVERLAP && !WS
-#error "OVERLAP needs the producer (WS)"
 #endif
 // PINGPONG: the warpgroups issue their Q K^T wgmma in turn (0, 1, ..., NWG - 1, 0, ...),
 // passing a token on named barriers 1 + w (two warpgroups' threads each), so that one's
@@ -474,12 +474,11 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     const int ww_lo = window < 0 ? 0 : window_lo(pw_last, window);
     const int tw_lo = ww_lo > 0 ? (ww_lo + BKV - 1) / BKV : 0;
     const int tw_hi = (pw_first + 1) / BKV;
-    int p_r[2], i_r[2];
+    int i_r[2];
     const half_t* qrow[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         i_r[r] = iw + g + 8 * r;
-        p_r[r] = past + i_r[r];
         qrow[r] = i_r[r] < Sq ? q + (((hk_u64)b * Sq + i_r[r]) * Hq + h) * HEAD_DIM + 2 * t4 : nullptr;
     }
     unsigned int qf[KC_S][4];  // Q as A fragments, for the whole block
@@ -707,11 +706,14 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
 
             // A tile every row of the warp sees whole needs no per-element test.
             const bool whole = t >= tw_lo && t < tw_hi;
-            if (!whole) mask_scores(s, j0, t4, p_r, window);
+            if (!whole) {
+                const int p_r[2] = {pw_first + g, pw_first + g + 8};  // the lane's rows' positions
+                mask_scores(s, j0, t4, p_r, window);
+            }
 #if OVERLAP
             float alpha[2];
             const bool scale = softmax(s, alpha);
-            hk_wgmma_wait<0>();  // the previous tile's P.V has landed in acc
+            hk_wgmma_wait_all_after(s[NB_S - 1][3]);  // the previous tile's P.V has landed in acc, after the softmax
             fence_acc();
             rescale(alpha, scale);
 #pragma unroll
@@ -758,7 +760,7 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
 #if ROWSUM_MMA
     const float l[2] = {ls[0][0], ls[0][2]};
 #endif
-#if OVERLAP
+#if OVERLAP && WS
     finish_rows(o, m, l, has_sink, *sig2_s, orow);
 #else
     finish_rows(o, m, l, has_sink, sig2, orow);
