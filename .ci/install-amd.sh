@@ -12,6 +12,8 @@
 #   shim  /opt/rocm-shim/lib/{libhiprtc.so,libamdhip64.so} -> libamdhip64.so.5  (DESIGN §6)
 #   pip   hip-python==10.0.0.0.1.2             gfx90a / gfx1030 through hiprtc
 #         cuda-bindings, nvidia-cuda-nvrtc     sm_90 / sm_80 through NVRTC
+#         nvidia-cuda-nvdisasm                 the SASS of those builds (hipkernel.sass,
+#                                              tests/test_sass.py)
 #
 # hip-python pin: 10.x is the first release whose loader honours $ROCM_PATH; 6.2 and 7.2 also
 # compile with ROCm 5.2's hiprtc but dlopen the bare name libhiprtc.so (LD_LIBRARY_PATH
@@ -25,6 +27,7 @@ set -uo pipefail
 
 HIP_PYTHON_PIN="hip-python==10.0.0.0.1.2"
 CUDA_PIP=("cuda-bindings>=12.6" "nvidia-cuda-nvrtc")
+SASS_PIP=("nvidia-cuda-nvdisasm")  # on its own: without it only tests/test_sass.py skips
 APT_PACKAGES=(clang-19 clang-tools-19 lld-19 libamdhip64-dev libamd-comgr2 rocm-device-libs)
 SHIM=/opt/rocm-shim
 
@@ -89,6 +92,10 @@ else
     info "$PY -m pip install $HIP_PYTHON_PIN ${CUDA_PIP[*]}"
     if ! "$PY" -m pip install -q "$HIP_PYTHON_PIN" "${CUDA_PIP[@]}" >&2; then
         warn "pip install failed; hiprtc / NVRTC targets may be reported as skipped"
+    fi
+    info "$PY -m pip install ${SASS_PIP[*]}"
+    if ! "$PY" -m pip install -q "${SASS_PIP[@]}" >&2; then
+        warn "pip install failed; the SASS checks (tests/test_sass.py) will be skipped"
     fi
 fi
 
