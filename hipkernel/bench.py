@@ -72,20 +72,20 @@ implementation alike.
 with and without the sink and each peer that passed its check), and the median is taken over
 all of an implementation's calls. The rounds' orders are a carryover-balanced (Williams)
 design (``carryover_orders``): over 2n rounds (n for an even number n of implementations)
-each implementation runs first equally often and right after every other one equally
-often, so none always follows the same one. The order matters: an implementation timed
-right after a heavier one meets a hotter, slower clock. With the order only rotated a place
-a round (this default before session 29), hipkernel without the sink, timed right after it
-with the sink in two rounds of three, took d128 16384@0 6.5 and 8.4 % longer than with it
-in two records (1.6-6.9 % in four benches of one call), although the kernel is the same (in the same process, bursts of back-to-back
-launches: 3.97-3.98 ms either way; reports/wip/session29/call6). An H200
-running a long full-attention shape back to back sits at its power cap, and its SM clock
-drifts over seconds (1860-1875 MHz, dips to 1620, against 1980 idle, in session 25's
-sampling): timed one after another in one burst each, the implementations met different
-clocks. In the record that made this the default (kernel ``b4bdd5e4``, one burst each),
-hipkernel's d128 16384@0 took 4.129 ms with the sink and 4.575 without, for nearly the
-same work, and cuDNN's time on that shape moved from 3.469 ms in the record before to
-4.063. ``--rounds 1`` is the oldest order (one burst each).
+each implementation runs first equally often and right after every other one equally often,
+so none always follows the same one. The order matters: an implementation timed right after
+a heavier one meets a hotter, slower clock. With the order only rotated a place a round
+(this default before session 29), hipkernel without the sink, timed right after it with the
+sink in two rounds of three, took d128 16384@0 6.5 and 8.4 % longer than with it in two
+records (1.6-6.9 % in four benches of one call), although the kernel is the same (in the
+same process, bursts of back-to-back launches: 3.97-3.98 ms either way;
+reports/wip/session29/call6). An H200 running a long full-attention shape back to back sits
+at its power cap, and its SM clock drifts over seconds (1860-1875 MHz, dips to 1620, against
+1980 idle, in session 25's sampling): timed one after another in one burst each, the
+implementations met different clocks. In the record that made this the default (kernel
+``b4bdd5e4``, one burst each), hipkernel's d128 16384@0 took 4.129 ms with the sink and
+4.575 without, for nearly the same work, and cuDNN's time on that shape moved from 3.469 ms
+in the record before to 4.063. ``--rounds 1`` is the oldest order (one burst each).
 
 FLOPs (useful work only, what FlashAttention's benchmarks count)::
 
