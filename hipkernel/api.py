@@ -32,7 +32,7 @@ import numpy as np
 from hipkernel.autotune import TUNER, tune_key
 from hipkernel.config import (DEFAULT, HEAD_DIMS, PATH_NEEDS, KernelConfig, candidates,
                               default_config, runs_path)
-from refattn.args import check_attention_args
+from refattn.args import FP32_MAX, FP32_TINY, check_attention_args
 from refattn.mutants import by_name as _mutant_by_name
 
 KERNEL_DIR = Path(__file__).parent / "kernels"
@@ -180,6 +180,14 @@ def _check_config(config) -> KernelConfig | None:
 _INT32_LIMIT = 2**31
 
 
+def _check_int32_sizes(**sizes: int) -> None:
+    """Every size and position the kernel ABI takes as an int32 must fit one (``past_len`` is
+    checked as ``past_len + Sq``, the last position)."""
+    for name, x in sizes.items():
+        if x >= _INT32_LIMIT:
+            raise ValueError(f"{name}: {x} does not fit the kernel's int32 arguments")
+
+
 def _check_mutants(mutants) -> frozenset:
     if isinstance(mutants, str):
         raise ValueError(f"mutants: expected a set of mutant names, got the string {mutants!r}")
@@ -231,14 +239,15 @@ def flash_prefill_v3(backend, q, k, v, sink, out, *, B: int, Sq: int, Hq: int, H
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     if not isinstance(scale, numbers.Real) or not math.isfinite(scale) or scale <= 0:
         raise ValueError(f"scale: expected a finite float > 0, got {scale!r}")
+    if not FP32_TINY <= scale <= FP32_MAX:  # the ABI's scale is a float32
+        raise ValueError(f"scale: {scale} is outside the normal float32 range of the kernel's "
+                         f"float argument")
     if not isinstance(softcap, numbers.Real) or not math.isfinite(softcap) or softcap < 0:
         raise ValueError(f"softcap: expected a finite float >= 0, got {softcap!r}")
     for name, ptr in (("q", q), ("k", k), ("v", v), ("out", out)) + ((("sink", sink),) if sink else ()):
         if int(ptr) % 16:  # every global access of the kernel is 16 bytes wide
             raise ValueError(f"{name}: device pointer {int(ptr):#x} is not 16-byte aligned")
-    for name, x in (("Sq", Sq), ("Hq", Hq), ("S_cap", S_cap), ("past_len", past_len + Sq)):
-        if x >= _INT32_LIMIT:  # the kernel takes int32 sizes
-            raise ValueError(f"{name}: {x} does not fit the kernel's int32 arguments")
+    _check_int32_sizes(Sq=Sq, Hq=Hq, S_cap=S_cap, past_len=past_len + Sq, window=window)
     config = _check_config(config)
     mutants = _check_mutants(mutants)
 
@@ -402,6 +411,7 @@ def attention(q, k, v, *, past_len, window=-1, sink=None, smooth_softmax=False, 
         _check_buffer("out", out)
         if not out.flags.writeable:
             raise ValueError("out: expected a writeable array")
+    _check_int32_sizes(Sq=a.Sq, Hq=a.Hq, S_cap=k.shape[2], past_len=a.skv, window=a.window)
     config = _check_config(config)
     dtypes = {_dtype_name(x) for x in (q, k, v)}
     dtype = dtypes.pop() if len(dtypes) == 1 else "mixed"

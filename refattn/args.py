@@ -23,12 +23,74 @@ import numpy as np
 # Absurd-size guard: a single operand above this many elements is refused up front rather
 # than failing half-way through an allocation (2**34 elements = 32 GiB of fp16).
 MAX_ELEMENTS = 2**34
+# The window is an int32 everywhere it leaves Python: ONNX Runtime's ``local_window_size``
+# attribute and the kernel ABI's ``window`` argument. Any W at least the sequence length is
+# plain causal attention, so the bound loses nothing.
+MAX_WINDOW = 2**31 - 1
+# The scale is multiplied into fp32 logits by every kernel and by the fp32 reference: it must
+# be a finite, normal float32, or the logits are inf / 0 for reasons that are not the kernel's.
+FP32_MAX = float(np.finfo(np.float32).max)
+FP32_TINY = float(np.finfo(np.float32).tiny)
 
 
 class EnvVarError(ValueError):
     """A ``$REFATTN_*`` (or ``$HIPKERNEL_AMD_MMA``) environment variable the harness cannot
     use; the message starts with its name. The ``refattn`` command line reports it in one
     line (exit 2)."""
+
+
+def parse_count(name: str, value: str) -> int:
+    """An environment variable's value as an int >= 1, else :class:`EnvVarError` naming it."""
+    try:
+        n = int(str(value).strip())
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise EnvVarError(f"{name}: expected an int >= 1, got {value!r}")
+    return n
+
+
+def parse_megabytes(name: str, value: str) -> float:
+    """An environment variable's value as a number of MB >= 0, else :class:`EnvVarError`."""
+    try:
+        mb = float(str(value).strip())
+    except ValueError:
+        mb = math.nan
+    if not (math.isfinite(mb) and mb >= 0):
+        raise EnvVarError(f"{name}: expected a number of MB >= 0 (0: keep nothing), got {value!r}")
+    return mb
+
+
+def _parse_directory(name: str, value: str) -> str:
+    from pathlib import Path
+
+    if not Path(value).is_dir():
+        raise EnvVarError(f"{name}: expected a directory of case files, got {value!r}, "
+                          f"which is not a directory")
+    return value
+
+
+# The environment variables the harness reads, each with the parser that validates it. A
+# variable that is unset or empty takes its default where it is read.
+ENVIRONMENT = {
+    "REFATTN_THREADS": parse_count,
+    "REFATTN_REF_CACHE_MB": parse_megabytes,
+    "REFATTN_INPUT_CACHE_MB": parse_megabytes,
+    "REFATTN_CASES_DIR": _parse_directory,
+}
+
+
+def check_environment(environ=None) -> None:
+    """Validate every variable of :data:`ENVIRONMENT` that is set and not empty, once, before
+    any work: the first bad one raises :class:`EnvVarError` naming it (the command line
+    reports it in one line, exit 2, instead of failing every case with it)."""
+    import os
+
+    environ = os.environ if environ is None else environ
+    for name, parse in ENVIRONMENT.items():
+        value = environ.get(name, "")
+        if value.strip():
+            parse(name, value)
 
 
 @dataclass(frozen=True)
@@ -61,6 +123,9 @@ def _is_int(x) -> bool:
 def _check_array(name: str, a, rank: int, form: str) -> np.ndarray:
     if not isinstance(a, np.ndarray):
         raise ValueError(f"{name}: expected a numpy.ndarray {form}, got {type(a).__name__}")
+    if type(a) is not np.ndarray:  # a masked array or a matrix: numpy's kernels ignore the mask
+        raise ValueError(f"{name}: expected a plain numpy.ndarray {form}, got the subclass "
+                         f"{type(a).__module__}.{type(a).__name__}")
     if a.ndim != rank:
         raise ValueError(f"{name}: expected rank {rank} {form}, got shape {a.shape}")
     if not np.issubdtype(a.dtype, np.floating):
@@ -123,24 +188,43 @@ def check_attention_args(
     window = int(window)
     if window == 0 or window < -1:
         raise ValueError(f"window: expected -1 (no window) or W >= 1 keys, got {window}")
+    if window > MAX_WINDOW:
+        raise ValueError(f"window: expected at most {MAX_WINDOW} keys (an int32, as in ORT's "
+                         f"local_window_size; a window >= the sequence is causal), got {window}")
     if not isinstance(smooth_softmax, (bool, np.bool_)):
         raise ValueError(f"smooth_softmax: expected a bool, got {smooth_softmax!r}")
     if not isinstance(softcap, numbers.Real) or isinstance(softcap, bool):
         raise ValueError(f"softcap: expected a float >= 0, got {softcap!r}")
-    softcap = float(softcap)
+    try:
+        softcap = float(softcap)
+    except OverflowError:
+        raise ValueError(f"softcap: expected a finite float >= 0 (0 = off), got an int of "
+                         f"{len(str(abs(softcap)))} digits, beyond the float range") from None
     if not math.isfinite(softcap) or softcap < 0:
         raise ValueError(f"softcap: expected a finite float >= 0 (0 = off), got {softcap}")
+    if softcap > FP32_MAX:
+        raise ValueError(f"softcap: {softcap} is beyond the float32 range the logits are computed in")
     if scale is None:
         scale = 1.0 / math.sqrt(d)
     elif not isinstance(scale, numbers.Real) or isinstance(scale, bool):
         raise ValueError(f"scale: expected a finite float > 0 or None, got {scale!r}")
-    scale = float(scale)
+    try:
+        scale = float(scale)
+    except OverflowError:  # an int beyond the float range
+        raise ValueError(f"scale: expected a finite float > 0 or None, got an int of "
+                         f"{len(str(abs(scale)))} digits, beyond the float range") from None
     if not math.isfinite(scale) or scale <= 0:
         raise ValueError(f"scale: expected a finite float > 0 or None, got {scale}")
+    if not FP32_TINY <= scale <= FP32_MAX:
+        raise ValueError(f"scale: {scale} is outside the normal float32 range "
+                         f"[{FP32_TINY:.3g}, {FP32_MAX:.3g}] the logits are computed in")
 
     if sink is not None:
         if not isinstance(sink, np.ndarray):
             raise ValueError(f"sink: expected a numpy.ndarray of shape ({Hq},) or None, got {type(sink).__name__}")
+        if type(sink) is not np.ndarray:
+            raise ValueError(f"sink: expected a plain numpy.ndarray of shape ({Hq},) or None, got the "
+                             f"subclass {type(sink).__module__}.{type(sink).__name__}")
         if sink.shape != (Hq,):
             raise ValueError(f"sink: expected shape ({Hq},) (one logit per query head), got {sink.shape}")
         if not np.issubdtype(sink.dtype, np.floating):

@@ -58,6 +58,8 @@ import sys
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from refattn.args import FP32_MAX, FP32_TINY, MAX_ELEMENTS
+
 import numpy as np
 
 if sys.version_info >= (3, 11):
@@ -77,6 +79,9 @@ REQUIRED = ("name", "Hq", "Hkv", "d", "sq", "why")
 SINK_LOW, SINK_HIGH = -2.0, 4.0  # per-head sink logits ~ U(SINK_LOW, SINK_HIGH)
 KV_PAD_MIN = 64  # spare cache capacity is 64 + (-skv) % 64 rows: never zero, tile-aligned end
 OUT_CANARY_BITS = 0x7E5A  # an fp16 quiet NaN with a recognisable payload
+# A case whose run needs more host memory than this is refused at load, whatever the machine
+# (:attr:`Case.host_bytes`); the runner also refuses one the host it runs on cannot hold.
+MAX_CASE_BYTES = 2**35
 CASES_DIR_ENV = "REFATTN_CASES_DIR"
 
 
@@ -108,6 +113,22 @@ def _is_int(x) -> bool:
 
 def _is_real(x) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _as_float(x) -> float | None:
+    """A real number as a float, or None (not a number, or an int beyond the float range)."""
+    if not _is_real(x):
+        return None
+    try:
+        return float(x)
+    except OverflowError:
+        return None
+
+
+def _short(x) -> str:
+    """``repr(x)``, cut to 40 characters (a TOML integer may have hundreds of digits)."""
+    text = repr(x)
+    return text if len(text) <= 40 else f"{text[:20]}...{text[-8:]} ({len(text)} characters)"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,7 +172,6 @@ class Case:
                 bad(key, f"expected an integer >= {lo}, got {x}")
         if self.Hq % self.Hkv:
             bad("Hkv", f"Hq={self.Hq} query heads is not a multiple of Hkv={self.Hkv} KV heads")
-        from refattn.args import MAX_ELEMENTS
 
         q_elems = self.B * self.sq * self.Hq * self.d
         kv_elems = self.B * self.Hkv * (self.past_len + self.sq) * self.d
@@ -160,6 +180,10 @@ class Case:
         if kv_elems > MAX_ELEMENTS:
             bad("past_len", f"the cache would hold B*Hkv*(past_len+sq)*d = {kv_elems} elements, "
                             f"over the limit of {MAX_ELEMENTS}")
+        need = self.host_bytes
+        if need > MAX_CASE_BYTES:
+            bad("sq", f"the run would need about {need / 2**30:.1f} GiB of host memory (inputs, "
+                      f"output, fp64 reference), over the limit of {MAX_CASE_BYTES / 2**30:.0f} GiB")
         if not _is_int(self.window):
             bad("window", f"expected an integer, -1 (none) or W >= 1, got {self.window!r}")
         if self.window == 0 or self.window < -1:
@@ -169,12 +193,16 @@ class Case:
         if self.dtype not in DTYPES:
             bad("dtype", f"expected one of {', '.join(map(repr, DTYPES))}, got {self.dtype!r}")
         if self.scale is not None:
-            if not _is_real(self.scale) or not math.isfinite(self.scale) or self.scale <= 0:
-                bad("scale", f"expected a finite number > 0 (or leave it out), got {self.scale!r}")
-            object.__setattr__(self, "scale", float(self.scale))
-        if not _is_real(self.softcap) or not math.isfinite(self.softcap) or self.softcap < 0:
-            bad("softcap", f"expected a finite number >= 0 (0 = off), got {self.softcap!r}")
-        object.__setattr__(self, "softcap", float(self.softcap))
+            x = _as_float(self.scale)
+            if x is None or not math.isfinite(x) or x <= 0:
+                bad("scale", f"expected a finite number > 0 (or leave it out), got {_short(self.scale)}")
+            if not FP32_TINY <= x <= FP32_MAX:
+                bad("scale", f"{x} is outside the normal float32 range the logits are computed in")
+            object.__setattr__(self, "scale", x)
+        x = _as_float(self.softcap)
+        if x is None or not math.isfinite(x) or x < 0 or x > FP32_MAX:
+            bad("softcap", f"expected a finite number >= 0 (0 = off), got {_short(self.softcap)}")
+        object.__setattr__(self, "softcap", x)
         if self.config is not None:
             if not isinstance(self.config, dict):
                 bad("config", f"expected a table with keys {', '.join(CONFIG_KEYS)}, got {self.config!r}")
@@ -211,6 +239,16 @@ class Case:
     def s_cap(self) -> int:
         """Allocated cache rows: skv plus 64..127 rows of NaN canaries."""
         return self.skv + KV_PAD_MIN + (-self.skv) % KV_PAD_MIN
+
+    @property
+    def host_bytes(self) -> int:
+        """Host memory a run of this case takes at its peak, roughly: q, k and v drawn in fp32
+        and rounded (with the canary rows), the canary output, and the fp64 reference with its
+        fp16 baseline."""
+        item = 2 if self.dtype == "fp16" else 4
+        q = self.B * self.sq * self.Hq * self.d
+        kv = self.B * self.Hkv * self.d
+        return q * (4 + item + 2 + 8 + 2) + 2 * kv * (self.skv * 4 + self.s_cap * item)
 
     @property
     def visible_pairs(self) -> int:
@@ -290,15 +328,29 @@ def _unknown_key(key: str, known) -> str:
     return f"unknown key{hint} (known: {', '.join(known)})"
 
 
+def _read_toml(path: Path) -> dict:
+    """A case file's TOML document; CaseError naming the file when it cannot be read, is not
+    UTF-8, or is not TOML."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise CaseError(f"cannot read: {e.strerror or e}", file=path) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise CaseError(f"not UTF-8 text: byte {data[e.start]:#04x} at line {line}", file=path) from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise CaseError(f"not valid TOML: {e}", file=path) from None
+
+
 def load_suite(path, *, suite: str | None = None) -> list[Case]:
     """Load and validate one case file (a path or a suite name). The suite is the file's stem."""
     path = suite_path(path)
     suite = suite or path.stem
-    try:
-        with open(path, "rb") as f:
-            doc = tomllib.load(f)
-    except tomllib.TOMLDecodeError as e:
-        raise CaseError(f"not valid TOML: {e}", file=path) from None
+    doc = _read_toml(path)
     for key in doc:
         if key not in ("case", "defaults", "description"):
             raise CaseError(_unknown_key(key, ("case", "defaults", "description")), file=path, key=key)
@@ -358,8 +410,7 @@ def load_suites(names=None) -> list[Case]:
 
 def suite_description(name_or_path) -> str:
     """The optional top-level ``description`` of a case file ('' when absent)."""
-    with open(suite_path(name_or_path), "rb") as f:
-        return str(tomllib.load(f).get("description", ""))
+    return str(_read_toml(suite_path(name_or_path)).get("description", ""))
 
 
 # --------------------------------------------------------------------------- inputs

@@ -58,10 +58,16 @@ class Subcommand:
 def _console(stderr: bool = False):
     from rich.console import Console
 
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            # rich would exit(1) here; the command line ends a closed pipe in one place (main)
+            self.quiet = True
+            raise BrokenPipeError(32, "Broken pipe")
+
     stream = sys.stderr if stderr else sys.stdout
     terminal = stream.isatty()
-    return Console(file=stream, width=None if terminal else 200, highlight=False,
-                   no_color=not terminal)
+    return _Console(file=stream, width=None if terminal else 200, highlight=False,
+                    no_color=not terminal)
 
 
 _STYLE = {"pass": "green", "declined": "cyan", "fail": "bold red",
@@ -74,6 +80,45 @@ def _e(x) -> str:
 
 def _safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._+-]", "_", name)
+
+
+def check_outputs(args, file_options=("json",), dir_options=()) -> None:
+    """Check the output paths among ``args`` before any work: a path that cannot be written
+    is a usage error naming its option (exit 2), not a traceback once the work is done.
+    A missing parent directory is created now."""
+    from refattn.fileio import check_output_dir, check_output_file
+
+    for opt in file_options:
+        value = getattr(args, opt, None)
+        if value:
+            setattr(args, opt, str(check_output_file(f"--{opt}", value)))
+    for opt in dir_options:
+        value = getattr(args, opt, None)
+        if value:
+            setattr(args, opt, str(check_output_dir(f"--{opt}", value)))
+
+
+def write_outputs(text: str, paths: list[Path], command: str) -> bool:
+    """Write ``text`` atomically to each of ``paths``. A path that fails even so (the disk
+    filled, a directory was removed meanwhile) is reported in one line on stderr and the
+    text is kept in a temporary file whose name is printed, so a finished run is never lost.
+    Returns whether every path was written."""
+    import tempfile
+
+    from refattn.fileio import atomic_write_text
+
+    ok = True
+    for path in paths:
+        try:
+            atomic_write_text(path, text)
+        except OSError as e:
+            fd, keep = tempfile.mkstemp(prefix=f"refattn-{command}-", suffix=".json")
+            with open(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            print(f"refattn {command}: error: cannot write {path}: {e.strerror or e}; "
+                  f"the results are in {keep}", file=sys.stderr)
+            ok = False
+    return ok
 
 
 # --------------------------------------------------------------------------- cases
@@ -266,6 +311,7 @@ def _run_run(args) -> int:
     from refattn.kernels import best_kernel, get_kernel, kernel_available
     from refattn.runner import run_matrix
 
+    check_outputs(args, ("json",), ("report",))
     sharded = getattr(args, "gpus", 1) > 1
     name = args.kernel or best_kernel()
     kernel = get_kernel(name)
@@ -286,8 +332,14 @@ def _run_run(args) -> int:
         else:
             m = run_matrix(kernel, cases, progress=progress)
 
-    doc = m.to_json()
-    text = json.dumps(doc, indent=2, allow_nan=False)
+    from refattn.fileio import json_text
+
+    text = json_text(m.to_json())
+    # The files first: a closed pipe or a console error while printing loses nothing.
+    paths = [Path(args.json)] if args.json and args.json != "-" else []
+    if args.report:
+        paths.append(Path(args.report) / f"run-{_safe_name(m.kernel)}.json")
+    written = write_outputs(text, paths, "run")
     out = _console(stderr=args.json == "-")
     out.print(_results_table(m))
     c = m.counts()
@@ -299,15 +351,9 @@ def _run_run(args) -> int:
     for r in m.failures():
         out.print(Text("\n" + r.failure_message(), style="bold"))  # no markup: messages hold brackets
     if args.json == "-":
-        sys.stdout.write(text + "\n")
-    elif args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(text + "\n")
-    if args.report:
-        d = Path(args.report)
-        d.mkdir(parents=True, exist_ok=True)
-        (d / f"run-{_safe_name(m.kernel)}.json").write_text(text + "\n")
-    return EXIT_OK if m.ok else EXIT_FAIL
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    return EXIT_OK if m.ok and written else EXIT_FAIL
 
 
 # --------------------------------------------------------------------------- the table
@@ -377,10 +423,37 @@ def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a command ended by SIGPIPE
+
+
+def _quiet_broken_pipe() -> int:
+    """The reader of standard output went away (``refattn cases | head -1``): point stdout
+    at /dev/null so the interpreter's final flush cannot raise again, and end quietly."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+    return EXIT_BROKEN_PIPE
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``refattn`` console script. Returns the exit status."""
-    from refattn.args import EnvVarError
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # here, not at exit, where a closed pipe would print a warning
+        return code
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
+
+
+def _main(argv: list[str] | None) -> int:
+    from refattn.args import EnvVarError, check_environment
     from refattn.cases import CaseError
+    from refattn.fileio import OutputPathError
     from refattn.kernels import KernelError
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -397,8 +470,9 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # --help, --version, usage errors
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     try:
+        check_environment()
         return int(args._run(args))
-    except (UsageError, CaseError, KernelError, EnvVarError) as e:
+    except (UsageError, CaseError, KernelError, EnvVarError, OutputPathError) as e:
         print(f"refattn {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -163,9 +163,22 @@ class Comparison:
         return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}
 
 
+def _check_real(name: str, x) -> None:
+    """``x`` must hold real numbers as a plain array: a complex array would be compared by its
+    real part alone and a masked array by values its mask hides."""
+    if isinstance(x, np.ma.MaskedArray):
+        raise ValueError(f"{name}: expected a plain array, got a masked array (its mask would "
+                         f"be ignored)")
+    dt = np.asarray(x).dtype
+    if not (np.issubdtype(dt, np.floating) or np.issubdtype(dt, np.integer)):
+        raise ValueError(f"{name}: expected real numbers (a float array), got dtype {dt}")
+
+
 def compare(actual, expected, baseline) -> Comparison:
     """Judge ``actual`` against ``expected`` (fp64 reference) with the gate derived from
     ``baseline`` (the low-precision baseline on the same inputs). All ``(B, Sq, Hq, d)``."""
+    for name, x in (("actual", actual), ("expected", expected), ("baseline", baseline)):
+        _check_real(name, x)
     e = np.asarray(expected, dtype=np.float64)
     if not np.isfinite(e).all():
         raise ValueError("expected: the reference output must be finite")

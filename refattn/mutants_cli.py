@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from contextlib import ExitStack
 from pathlib import Path
 
 from refattn.cli import (EXIT_FAIL, EXIT_OK, UsageError, _add_suite_option, _console, _count_of,
-                         _progress_printer)
+                         _progress_printer, check_outputs, write_outputs)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,6 +38,7 @@ def run(args) -> int:
     from refattn.killmatrix import KernelByName, format_grid, run_kill_matrix
     from refattn.mutants import MUTANTS, by_name
 
+    check_outputs(args, ("json",))
     for name in args.mutant or []:
         try:
             by_name(name)
@@ -80,8 +80,11 @@ def run(args) -> int:
             progress = None if args.quiet else _progress_printer(stack)
             km = run_kill_matrix(make_kernel, cases, names=args.mutant, progress=progress)
 
-    doc = km.to_json()
-    text = json.dumps(doc, indent=2, allow_nan=False)
+    from refattn.fileio import json_text
+
+    text = json_text(km.to_json())
+    written = write_outputs(text, [Path(args.json)] if args.json and args.json != "-" else [],
+                            "mutants")
     out = _console(stderr=args.json == "-")
     out.print(format_grid(km), markup=False, highlight=False)
     survivors = [m.name for m in km.mutants if not m.killed and m.must_kill]
@@ -96,8 +99,6 @@ def run(args) -> int:
               + (f"; the seed gate alone misses: {', '.join(seed_blind)}" if seed_blind else ""),
               markup=False)
     if args.json == "-":
-        sys.stdout.write(text + "\n")
-    elif args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(text + "\n")
-    return EXIT_OK if km.ok else EXIT_FAIL
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    return EXIT_OK if km.ok and written else EXIT_FAIL

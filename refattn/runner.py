@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from refattn.args import EnvVarError
+from refattn.args import parse_megabytes
 from refattn.cases import Case, Inputs, make_inputs
 from refattn.metrics import Comparison, compare
 from refattn.reference import attention_with_baseline
@@ -54,13 +54,8 @@ class _CaseLRU:
 
     def __init__(self, budget_bytes: int | None, env: str, default_mb: int):
         if budget_bytes is None:
-            raw = os.environ.get(env, str(default_mb))
-            try:
-                mb = float(raw)
-            except ValueError:
-                mb = math.nan
-            if not (math.isfinite(mb) and mb >= 0):
-                raise EnvVarError(f"{env}: expected a number of MB >= 0 (0: keep nothing), got {raw!r}")
+            raw = os.environ.get(env, "")
+            mb = parse_megabytes(env, raw) if raw.strip() else default_mb
             budget_bytes = int(mb * 2**20)
         elif not (isinstance(budget_bytes, int) and budget_bytes >= 0):
             raise ValueError(f"budget_bytes: expected an int >= 0, got {budget_bytes!r}")
@@ -256,6 +251,14 @@ class MatrixResult:
         }
 
 
+def host_memory_bytes() -> int | None:
+    """Physical memory of this host in bytes (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
 def host_info() -> dict:
     return {"python": platform.python_version(), "numpy": np.__version__,
             "platform": platform.platform(), "machine": platform.machine(),
@@ -279,7 +282,16 @@ def run_case(kernel, case: Case, *, cache: ReferenceCache | None = None,
     params["describe"] = case.describe()
     res = Result(case=case.name, suite=case.suite, outcome="error",
                  seed_contract=case.seed_contract, params=params)
-    inputs = input_cache.get(case)
+    need, have = case.host_bytes, host_memory_bytes()
+    if have is not None and need > have:
+        res.note = (f"needs about {need / 2**30:.1f} GiB of host memory (inputs, output, fp64 "
+                    f"reference); this host has {have / 2**30:.1f} GiB")
+        return res
+    try:
+        inputs = input_cache.get(case)
+    except MemoryError:
+        res.note = f"inputs failed: out of host memory (the case needs about {need / 2**30:.1f} GiB)"
+        return res
     buf = inputs.out
     try:
         supported = bool(kernel.supports(case))

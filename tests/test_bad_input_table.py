@@ -237,6 +237,10 @@ HIPKERNEL_BAD = [
      _set(sink=np.array([0, np.nan, 0, 0], np.float16))),
     ("scale-nan", "scale: expected a finite float > 0 or None, got nan", _set(scale=float("nan"))),
     ("scale-inf", "scale: expected a finite float > 0 or None, got inf", _set(scale=float("inf"))),
+    ("scale-beyond-fp32", "scale: 1e+39 is outside the normal float32 range", _set(scale=1e39)),
+    ("window-beyond-int32", "window: expected at most 2147483647 keys", _set(window=2**31)),
+    ("q-masked-array", "q: expected a plain numpy.ndarray (B, Sq, Hq, d), got the subclass numpy.ma",
+     _with("q", np.ma.masked_array)),
     ("softcap-nan", "softcap: expected a finite float >= 0 (0 = off), got nan", _set(softcap=float("nan"))),
     ("smooth-softmax-int", "smooth_softmax: expected a bool, got 1", _set(smooth_softmax=1)),
     ("out-float32", "out: expected a float16 array of shape (1, 8, 4, 64), got float32",
@@ -314,6 +318,9 @@ V3_BAD = [
     ("sink-pointer-missing", "sink: a device buffer is required when sink_mode='per_head'", dict(sink=0)),
     ("scale-inf", "scale: expected a finite float > 0, got inf", dict(scale=float("inf"))),
     ("scale-zero", "scale: expected a finite float > 0, got 0.0", dict(scale=0.0)),
+    ("scale-beyond-fp32", "scale: 1e+39 is outside the normal float32 range", dict(scale=1e39)),
+    ("window-beyond-int32", "window: 2147483648 does not fit the kernel's int32 arguments",
+     dict(window=2**31)),
     ("softcap-negative", "softcap: expected a finite float >= 0, got -1.0", dict(softcap=-1.0)),
     ("q-misaligned", "q: device pointer 0x1008 is not 16-byte aligned", dict(q=0x1008)),
     ("sink-misaligned", "sink: device pointer 0x4002 is not 16-byte aligned", dict(sink=0x4002)),
@@ -360,6 +367,12 @@ CASE_BAD = [
      "softcap = inf"),
     ("config-bkv-string", "…/bad.toml: case 'c1': config.bkv: expected an integer >= 1, got '64'",
      'config = { bkv = "64" }'),
+    ("scale-int-beyond-float", "…/bad.toml: case 'c1': scale: expected a finite number > 0 (or leave "
+     "it out), got 10000000000000000000...00000000 (401 characters)", "scale = 1" + "0" * 400),
+    ("scale-beyond-fp32", "…/bad.toml: case 'c1': scale: 1e+39 is outside the normal float32 range",
+     "scale = 1e39"),
+    ("sq-beyond-host-memory", "…/bad.toml: case 'c1': sq: the run would need about 111.8 GiB of host "
+     "memory", "Hq = 1\nHkv = 1\nd = 4\nsq = 1_000_000_000"),
 ]
 
 
@@ -417,6 +430,14 @@ CLI_BAD = [
      ["mutants", "--suite", "nowhere/x.toml"]),
     ("mutants-jobs-zero", "refattn mutants: error: argument -j/--jobs: expected at least 1 process, got 0",
      ["mutants", "--jobs", "0"]),
+    ("run-json-is-a-directory", "refattn run: error: --json: … is a directory, expected a file path",
+     ["run", "--kernel", "reference", "--json", str(ROOT / "cases")]),
+    ("run-json-parent-is-a-file", "refattn run: error: --json: cannot write …/pyproject.toml/x.json: "
+     "…/pyproject.toml is not a directory", ["run", "--kernel", "reference", "--json", str(ROOT / "pyproject.toml" / "x.json")]),
+    ("run-report-is-a-file", "refattn run: error: --report: …/pyproject.toml is not a directory",
+     ["run", "--kernel", "reference", "--report", str(ROOT / "pyproject.toml")]),
+    ("mutants-json-is-a-directory", "refattn mutants: error: --json: … is a directory, expected a file path",
+     ["mutants", "--json", str(ROOT / "cases")]),
 ]
 
 
@@ -473,6 +494,14 @@ def test_flash_prefill_v3_refuses_int32_overflow(change, monkeypatch):
     with pytest.raises(ValueError, match="^(S_cap|past_len)"):
         _v3(be, valid_v3_call() | change)
     assert be.calls == []
+
+
+def test_case_file_that_is_not_utf8_names_the_byte_and_line(suite_dir):
+    p = suite_dir("bad", "")
+    p.write_bytes(CASE_HEAD.encode() + b'# caf\xe9\n')
+    with pytest.raises(CaseError) as e:
+        load_suite(p)
+    assert str(e.value) == f"{p}: not UTF-8 text: byte 0xe9 at line 10"
 
 
 def test_case_file_rejects_an_uncompiled_m_tiles(suite_dir):

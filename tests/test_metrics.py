@@ -90,3 +90,16 @@ def test_rel_l2_does_not_depend_on_the_blas_thread_count():
             results.add(rel_l2(a, e))
     assert len(results) == 1
     assert results.pop() == pytest.approx(np.linalg.norm(a - e) / np.linalg.norm(e), rel=1e-12)
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda a: a.astype(np.complex128) + 1e-3j, "actual: expected real numbers (a float array), got dtype complex128"),
+    (lambda a: np.ma.masked_array(a, mask=a > 0), "actual: expected a plain array, got a masked array"),
+    (lambda a: a.astype(object), "actual: expected real numbers (a float array), got dtype object"),
+], ids=["complex", "masked", "object"])
+def test_compare_refuses_what_it_cannot_judge(make, message):
+    """A complex output used to be judged by its real part alone (with only a ComplexWarning),
+    and a masked one by the values its mask hides."""
+    e = np.linspace(-1, 1, 2 * 3 * 4 * 8).reshape(2, 3, 4, 8)
+    with pytest.raises(ValueError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
+        compare(make(e), e, e.astype(np.float16))

@@ -45,6 +45,11 @@ def _dtype(name, dt):
     return lambda c: c | {name: c[name].astype(dt)}
 
 
+class _Rank4Subclass(np.ndarray):
+    """An ndarray subclass (as a third-party array type would be): refused, since numpy's
+    kernels may not honour what the subclass adds."""
+
+
 # (id, argument named in the message, how to break a valid call)
 BAD = [
     # q, k, v: type, rank, dtype, empty dims, shapes
@@ -60,6 +65,8 @@ BAD = [
     ("v-uint8", "v", _dtype("v", np.uint8)),
     ("q-bool", "q", _dtype("q", np.bool_)),
     ("k-complex", "k", _dtype("k", np.complex128)),
+    ("q-masked-array", "q", lambda c: c | {"q": np.ma.masked_array(c["q"])}),
+    ("k-matrix-subclass", "k", lambda c: c | {"k": c["k"].view(_Rank4Subclass)}),
     ("q-empty-sq", "q", _shape("q", (B, 0, HQ, D))),
     ("q-empty-d", "q", _shape("q", (B, SQ, HQ, 0))),
     ("k-empty-hkv", "k", _shape("k", (B, 0, PAST + SQ, D))),
@@ -87,6 +94,8 @@ BAD = [
     ("window-str", "window", _set(window="4")),
     ("window-none", "window", _set(window=None)),
     ("window-bool", "window", _set(window=True)),
+    ("window-beyond-int32", "window", _set(window=2**31)),
+    ("window-beyond-int64", "window", _set(window=2**63)),
     # sink
     ("sink-short", "sink", _set(sink=np.zeros(HQ - 1))),
     ("sink-per-kv-head", "sink", _set(sink=np.zeros(HKV))),
@@ -96,6 +105,7 @@ BAD = [
     ("sink-list", "sink", _set(sink=[0.0] * HQ)),
     ("sink-float", "sink", _set(sink=0.5)),
     ("sink-int-array", "sink", _set(sink=np.zeros(HQ, dtype=np.int64))),
+    ("sink-masked-array", "sink", _set(sink=np.ma.masked_array(np.zeros(HQ), mask=[0, 1, 0, 0]))),
     # scale
     ("scale-nan", "scale", _set(scale=float("nan"))),
     ("scale-inf", "scale", _set(scale=float("inf"))),
@@ -103,12 +113,17 @@ BAD = [
     ("scale-negative", "scale", _set(scale=-0.125)),
     ("scale-str", "scale", _set(scale="0.125")),
     ("scale-bool", "scale", _set(scale=True)),
+    ("scale-beyond-fp32", "scale", _set(scale=1e39)),
+    ("scale-below-fp32-normal", "scale", _set(scale=1e-39)),
+    ("scale-int-beyond-float", "scale", _set(scale=10**400)),
     # softcap
     ("softcap-negative", "softcap", _set(softcap=-1.0)),
     ("softcap-nan", "softcap", _set(softcap=float("nan"))),
     ("softcap-inf", "softcap", _set(softcap=float("inf"))),
     ("softcap-str", "softcap", _set(softcap="30")),
     ("softcap-none", "softcap", _set(softcap=None)),
+    ("softcap-beyond-fp32", "softcap", _set(softcap=1e39)),
+    ("softcap-int-beyond-float", "softcap", _set(softcap=10**400)),
     # smooth_softmax
     ("smooth-int", "smooth_softmax", _set(smooth_softmax=1)),
     ("smooth-str", "smooth_softmax", _set(smooth_softmax="yes")),
