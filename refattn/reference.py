@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from refattn.args import Attn, EnvVarError, check_attention_args, check_dtype
+from refattn.args import Attn, check_attention_args, check_dtype, parse_count
 
 # Scratch budget for one block's score matrix (G x rows x keys). Sets the query block size.
 _SCRATCH_BYTES = 8 * 2**20
@@ -48,13 +48,7 @@ _DEFAULT_THREADS = max(1, min(MAX_DEFAULT_THREADS, os.cpu_count() or 1))
 
 def parse_threads(value: str) -> int:
     """``$REFATTN_THREADS`` as a thread count: an int >= 1, else ValueError naming it."""
-    try:
-        n = int(str(value).strip())
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise EnvVarError(f"{THREADS_ENV}: expected an int >= 1, got {value!r}")
-    return n
+    return parse_count(THREADS_ENV, value)
 
 
 def pool_threads(environ: Mapping[str, str] | None = None) -> int:
@@ -151,11 +145,11 @@ def _attention(a: Attn, q, k, v, dt: np.dtype, with_baseline: bool):
     return out, base
 
 
-def _mask_bias(p0: int, p1: int, c0: int, c1: int, W: int, dt) -> np.ndarray:
-    """Additive mask (0 or -inf), rows p0..p1 x keys c0..c1-1."""
+def _visible_block(p0: int, p1: int, c0: int, c1: int, W: int) -> np.ndarray:
+    """:func:`visible` on rows p0..p1 x keys c0..c1-1, a (rows, keys) bool array."""
     p = np.arange(p0, p1 + 1)[:, None]
     j = np.arange(c0, c1)[None, :]
-    return np.where(visible(p, j, W), dt.type(0), dt.type(-np.inf))
+    return visible(p, j, W)
 
 
 def _pv(P, vb):
@@ -198,8 +192,10 @@ def _block(a: Attn, qb, kh, vh, k_lo: int, sink, i0: int, i1: int, dt, with_base
         edges = [(lo, hi)]
     for c0, c1 in edges:
         if c1 > c0:
+            # Assigned, not added: a NaN or +inf score at a key a row cannot see (a non-finite
+            # k there) must not survive the mask, and NaN + -inf is NaN.
             view = s[:, :, c0 - lo:c1 - lo]
-            view += _mask_bias(p0, p1, c0, c1, W, dt)
+            view[:, ~_visible_block(p0, p1, c0, c1, W)] = -np.inf
     m = s.max(axis=2)  # (G, R)
     if sink is not None:
         m = np.maximum(m, sink[:, None])
