@@ -39,6 +39,8 @@ import sys
 from pathlib import Path
 
 from hipkernel.api import source_hash
+from refattn import schema
+from refattn.fileio import atomic_write_text
 
 SCHEMA = 1
 
@@ -79,15 +81,15 @@ def carried_note(rec: dict) -> str:
 def check_record(rec: dict, current_hash: str | None = None) -> list[str]:
     """Problems with one record (empty list = fresh or carried, and passing)."""
     current_hash = current_hash or source_hash()
-    problems = []
-    for key in ("schema", "kind", "kernel_source_hash", "device", "ok"):
-        if key not in rec:
-            problems.append(f"missing field {key!r}")
+    problems = schema.gpu_common_problems(rec)  # hash, kind, device and ok, typed
     if problems:
         return problems
     if freshness(rec, current_hash) == "stale":
         problems.append(f"stale: recorded hash {rec['kernel_source_hash'][:12]} != current "
                         f"kernel source {current_hash[:12]} (re-run on the GPU)")
+    shape = schema.gpu_kind_problems(rec)  # the fields the failure detail below reads
+    if shape:
+        return problems + shape
     if not rec["ok"]:
         problems.append("the recorded run failed: " + _failure_detail(rec))
     if rec["kind"] == "bench":
@@ -160,9 +162,14 @@ def _read_dir(path: Path):
     """(file, record, None) or (file, None, error) for each ``*.json`` in ``path``."""
     for f in sorted(path.glob("*.json")):
         try:
-            yield f, json.loads(f.read_text()), None
-        except (OSError, json.JSONDecodeError) as e:
+            rec = json.loads(f.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             yield f, None, e
+            continue
+        if isinstance(rec, dict):
+            yield f, rec, None
+        else:
+            yield f, None, f"expected a JSON object, got {type(rec).__name__}"
 
 
 # Where each record of reports/gpu/ comes from. Both H200 scripts run the matrix, measure and
@@ -239,9 +246,9 @@ def collect(records: Path, reliability: Path, scaling: Path | None, out: Path) -
     if problems:
         raise ValueError("nothing written:\n  " + "\n  ".join(problems))
     out.mkdir(parents=True, exist_ok=True)
-    for name, path, _ in sources:
-        shutil.copyfile(path, out / name)
-    (out / MMA_CHECK_RECORD).write_text(json.dumps(staged[MMA_CHECK_RECORD], indent=1) + "\n")
+    for name, path, _ in sources:  # byte for byte, each through a temporary file and a rename
+        atomic_write_text(out / name, path.read_text())
+    atomic_write_text(out / MMA_CHECK_RECORD, json.dumps(staged[MMA_CHECK_RECORD], indent=1) + "\n")
     return sorted(staged)
 
 

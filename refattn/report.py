@@ -64,12 +64,13 @@ import datetime as _dt
 import importlib
 import json
 import math
-import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from refattn import schema
 from refattn.cli import EXIT_FAIL, EXIT_OK, UsageError, _safe_name
+from refattn.fileio import atomic_write_text, check_output_dir, check_output_file, json_text
 from refattn.metrics import SEED_GATE_REL_L2
 from refattn.runner import ACCEPTABLE
 
@@ -132,7 +133,16 @@ class Collected:
     unreadable: list[tuple[str, str]] = field(default_factory=list)  # (file, why)
 
 
-def _read_json(path: Path, root: Path, col: Collected, need: str, what: str) -> dict | None:
+def _shape_problems(problems: list[str]) -> str:
+    """The first problem of a document, and how many more there are."""
+    more = len(problems) - 1
+    return problems[0] + (f" (and {more} more)" if more > 0 else "")
+
+
+def _read_json(path: Path, root: Path, col: Collected, need: str, what: str, check) -> dict | None:
+    """The document at ``path``, or None with the reason in ``col.unreadable``: it cannot be
+    read, is not JSON, is not ``what`` (no ``need`` field), or ``check(doc)`` (the
+    ``refattn.schema`` check of its kind) finds a field of the wrong shape."""
     name = path.relative_to(root).as_posix()
     try:
         doc = json.loads(path.read_text())
@@ -141,6 +151,10 @@ def _read_json(path: Path, root: Path, col: Collected, need: str, what: str) -> 
         return None
     if not isinstance(doc, dict) or need not in doc:
         col.unreadable.append((name, f"not {what} (no {need!r} field)"))
+        return None
+    found = check(doc)
+    if found:
+        col.unreadable.append((name, _shape_problems(found)))
         return None
     return doc
 
@@ -152,22 +166,23 @@ def collect(in_dir) -> Collected:
     if not root.is_dir():
         col.missing.append(f"{root}/: no such directory")
         return col
-    for pattern, need, into, what, label, how in (
-            ("run-*.json", "results", col.runs, "a run file", "CPU run files", "refattn run --report DIR"),
+    for pattern, need, into, what, label, how, spec in (
+            ("run-*.json", "results", col.runs, "a run file", "CPU run files", "refattn run --report DIR",
+             schema.RUN),
             ("mutants-*.json", "mutants", col.kill, "a kill matrix", "kill matrices",
-             "refattn mutants --json PATH")):
+             "refattn mutants --json PATH", schema.KILL_MATRIX)):
         files = sorted(root.glob(pattern))
         if not files:
             col.missing.append(f"{label}: no {root}/{pattern} ({how})")
         for f in files:
-            doc = _read_json(f, root, col, need, what)
+            doc = _read_json(f, root, col, need, what, lambda d, spec=spec: schema.problems(d, spec))
             if doc is not None:
                 into.append((f.relative_to(root).as_posix(), doc))
     gpu_files = sorted((root / "gpu").glob("*.json"))
     if not gpu_files:
         col.missing.append(f"GPU records: no {root}/gpu/*.json")
     for f in gpu_files:
-        doc = _read_json(f, root, col, "kind", "a GPU record")
+        doc = _read_json(f, root, col, "kind", "a GPU record", schema.gpu_record_problems)
         if doc is not None:
             col.gpu.append((f.relative_to(root).as_posix(), doc))
     return col
@@ -364,6 +379,8 @@ class Finding:
     key: tuple = ()
 
     def line(self) -> str:
+        if not self.before:  # a state, not a change: "failure: unreadable input: FILE: FIELD: why"
+            return f"{self.kind}: {self.what}: {self.where}: {self.after}"
         return f"{self.kind}: {self.what}: {self.where}: {self.before} -> {self.after}"
 
     def to_dict(self) -> dict:
@@ -473,8 +490,12 @@ def diff(latest: dict, baseline: dict | None) -> list[Finding]:
                                      f"{m.get('name')}",
                                      before_of(None if b is None else ("killed" if b.get("killed") else "survived")),
                                      "survives every case", key))
-    for u in (latest.get("inputs") or {}).get("unreadable") or []:
-        found.append(Finding("failure", "input unreadable", str(u.get("file")), "-", str(u.get("why"))))
+    inputs = latest.get("inputs") or {}
+    for u in inputs.get("unreadable") or []:
+        found.append(Finding("failure", "unreadable input", str(u.get("file")), "", str(u.get("why"))))
+    for m in inputs.get("missing") or []:
+        what, _, why = str(m).partition(": ")
+        found.append(Finding("failure", "input missing", what, "", why or what))
     return found
 
 
@@ -883,7 +904,8 @@ def render_plots(doc: dict, params: dict, plot_dir: Path) -> dict:
 
 def load_baseline(path: Path) -> dict | None:
     """The baseline document, or None when the file does not exist. A file that exists but is
-    not a schema-1 report is a usage error (exit 2), not a silent "no baseline"."""
+    not a schema-1 report is a usage error (exit 2), not a silent "no baseline"; one whose
+    fields have the wrong shape is :func:`baseline_problems`' business."""
     if not path.exists():
         return None
     try:
@@ -896,14 +918,35 @@ def load_baseline(path: Path) -> dict | None:
     return doc
 
 
-def make_report(in_dir: Path, out_dir: Path, baseline_path: Path) -> dict:
+def baseline_problems(baseline: dict | None, path: Path, *, updating: bool) -> list[Finding]:
+    """What makes ``baseline`` unfit to diff against, as failures: missing (unless
+    ``updating``: ``--update-baseline`` is how the first one is made), fields of the wrong
+    shape, or nothing in it to compare (no cases, kill matrices or GPU records)."""
+    if baseline is None:
+        return [] if updating else [Finding("failure", "baseline missing", str(path), "",
+                                            "no such file (make one with --update-baseline)")]
+    found = schema.problems(baseline, schema.BASELINE)
+    if found:
+        return [Finding("failure", "unreadable input", str(path), "", _shape_problems(found))]
+    if not (baseline["cases"] or baseline["kill_matrices"] or baseline["gpu_records"]) and not updating:
+        return [Finding("failure", "baseline empty", str(path), "",
+                        "no cases, kill matrices or GPU records to compare against")]
+    return []
+
+
+def make_report(in_dir: Path, out_dir: Path, baseline_path: Path, *, updating: bool = False) -> dict:
     """Collect, build, diff, render and write ``latest.json`` / ``latest.md`` / plots.
-    Returns the document (its ``findings`` say what ``--check`` fails on)."""
+    Returns the document (its ``findings`` say what ``--check`` fails on). Both texts are
+    made before either is written, and each is written atomically, so the two never
+    disagree and a reader never sees half of one."""
     col = collect(in_dir)
     params: dict = {}
     doc = build(col, current_source_hash(), params=params)
     baseline = load_baseline(baseline_path)
-    findings = diff(doc, baseline)
+    unfit = baseline_problems(baseline, baseline_path, updating=updating)
+    if unfit and baseline is not None:
+        baseline = None  # fields of the wrong shape: diff against nothing, and say so
+    findings = unfit + diff(doc, baseline)
     if baseline is None:
         note = f"no baseline at {baseline_path}; only current failures are checked"
         short = "no baseline"
@@ -917,8 +960,9 @@ def make_report(in_dir: Path, out_dir: Path, baseline_path: Path) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = render_plots(doc, params, out_dir / "plots")
     doc["plots"] = plots
-    (out_dir / "latest.json").write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
-    (out_dir / "latest.md").write_text(render_markdown(doc, plots))
+    texts = {"latest.json": json_text(doc), "latest.md": render_markdown(doc, plots)}
+    for name, text in texts.items():
+        atomic_write_text(out_dir / name, text)
     return doc
 
 
@@ -943,7 +987,13 @@ def run(args) -> int:
     in_dir = args.in_dir
     out_dir = args.out_dir if args.out_dir is not None else Path("reports")
     baseline_path = args.baseline if args.baseline is not None else in_dir / "baseline.json"
-    doc = make_report(in_dir, out_dir, baseline_path)
+    if not in_dir.is_dir():  # nothing to report on: say so, and write (or create) nothing
+        print(f"failure: input missing: {in_dir}: no such directory (--in)")
+        return EXIT_FAIL
+    check_output_dir("--out", out_dir)
+    if args.update_baseline:
+        check_output_file("--baseline", baseline_path)
+    doc = make_report(in_dir, out_dir, baseline_path, updating=args.update_baseline)
     print(doc["summary"]["line"])
     for f in doc["findings"]:
         print("  " + f["line"])
@@ -954,8 +1004,7 @@ def run(args) -> int:
     print(f"report: wrote {out_dir / 'latest.json'}, {out_dir / 'latest.md'}"
           + (f", {len(doc['plots']['written'])} plots in {out_dir / 'plots'}" if doc["plots"]["written"] else ""))
     if args.update_baseline:
-        baseline_path.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(out_dir / "latest.json", baseline_path)
+        atomic_write_text(baseline_path, (out_dir / "latest.json").read_text())
         print(f"report: baseline updated: copied {out_dir / 'latest.json'} to {baseline_path}")
     sys.stdout.flush()
     if args.check and doc["findings"]:

@@ -104,10 +104,11 @@ def with_baseline(inputs_dir, tmp_path, capsys, no_matplotlib) -> Path:
 def test_clean_report_summarises_real_results(inputs_dir, tmp_path, capsys, no_matplotlib):
     d = tmp_path / "reports"
     shutil.copytree(inputs_dir, d)
+    assert _report(capsys, d, "--update-baseline")[0] == 0
     rc, out, doc = _report(capsys, d, "--check")
     line = doc["summary"]["line"]
     assert line == ("report: model extended 3/3 pass, contracts 1 declined; kill matrix (model) 3/3 killed; "
-                    "GPU records 3 fresh; 0 regressions (no baseline)"), line
+                    "GPU records 3 fresh; 0 regressions"), line
     assert out.splitlines()[0] == line
     assert rc == 0, out
     assert doc["schema"] == 1
@@ -283,25 +284,32 @@ def test_without_hipkernel_freshness_is_unknown(with_baseline, capsys, monkeypat
     assert "GPU records 0 fresh, 3 unknown" in doc["summary"]["line"]
 
 
-def test_without_baseline_only_current_failures_fail(inputs_dir, tmp_path, capsys, no_matplotlib):
+def test_without_baseline_the_check_fails_and_lists_the_current_failures(inputs_dir, tmp_path, capsys,
+                                                                       no_matplotlib):
+    """No baseline is no pass: a typo in --baseline must not turn --check green. The current
+    failures are still listed; a relL2 change is not (there is nothing to compare it with)."""
     d = tmp_path / "reports"
     shutil.copytree(inputs_dir, d)
-    _rel_l2_tripled(d)  # no baseline to compare with: not a finding
+    _rel_l2_tripled(d)
     rc, out, doc = _report(capsys, d, "--check")
-    assert rc == 0, out
+    assert rc == 1, out
+    assert f"failure: baseline missing: {d / 'baseline.json'}: no such file (make one with --update-baseline)" in out
     assert "no baseline at" in out and "no baseline" in doc["summary"]["line"]
+    assert doc["summary"]["line"].endswith("0 regressions (no baseline), 1 failure")
     _case_failed(d)
     rc, out, doc = _report(capsys, d, "--check")
     assert rc == 1
     assert "failure: case fails: model extended/ext-nosink-sq3-past37: no baseline -> fail (relL2 " in out
-    assert doc["summary"]["line"].endswith("0 regressions (no baseline), 1 failure")
+    assert doc["summary"]["line"].endswith("0 regressions (no baseline), 2 failures")
 
 
-def test_missing_inputs_are_reported_not_crashed_on(tmp_path, capsys, no_matplotlib):
+def test_missing_inputs_are_reported_and_fail_the_check(tmp_path, capsys, no_matplotlib):
     rc, out, doc = _report(capsys, tmp_path, "--check")
-    assert rc == 0, out
+    assert rc == 1, out
     assert doc["summary"]["line"] == ("report: no CPU runs; no kill matrix; no GPU records; "
-                                      "0 regressions (no baseline)")
+                                      "0 regressions (no baseline), 4 failures")
+    for what in ("CPU run files: no", "kill matrices: no", "GPU records: no"):
+        assert f"  failure: input missing: {what}" in out
     md = (tmp_path / "out" / "latest.md").read_text()
     for what in ("missing: CPU run files: no", "missing: kill matrices: no", "missing: GPU records: no"):
         assert what in md
@@ -314,8 +322,8 @@ def test_unreadable_input_is_a_failure(inputs_dir, tmp_path, capsys, no_matplotl
     (d / "gpu" / "notes.json").write_text('{"hello": 1}')
     rc, out, doc = _report(capsys, d, "--check")
     assert rc == 1
-    assert "failure: input unreadable: run-broken.json: - -> JSONDecodeError" in out
-    assert "failure: input unreadable: gpu/notes.json: - -> not a GPU record (no 'kind' field)" in out
+    assert "failure: unreadable input: run-broken.json: JSONDecodeError" in out
+    assert "failure: unreadable input: gpu/notes.json: not a GPU record (no 'kind' field)" in out
     assert "model extended 3/3 pass" in doc["summary"]["line"]  # the readable files still count
 
 
