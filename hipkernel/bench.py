@@ -1192,8 +1192,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from refattn.cli import UsageError
+    from refattn.cli import UsageError, check_outputs
 
+    check_outputs(args, ("json",))  # before the bench, not after minutes of it
     if args.rounds > args.reps:
         raise UsageError(f"argument --rounds: at most --reps ({args.reps}) rounds, got {args.rounds}")
     t_start = time.perf_counter()
@@ -1242,6 +1243,7 @@ def run(args) -> int:
     body = make_body(rows, ceilings=ceilings, peers_available=env.peers, timing=timing, meta=meta)
     body["elapsed_s"] = round(time.perf_counter() - t_start, 1)
     from hipkernel import record
+    from refattn.fileio import atomic_write_text
 
     rec = record.stamp("bench", be.device_name, body, ok=body_ok(body))
     text = json.dumps(rec, indent=2, allow_nan=False)
@@ -1251,8 +1253,7 @@ def run(args) -> int:
         sys.stdout.write(text + "\n")
     else:
         path = Path(args.json) if args.json else default_json_path(be.device_name)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text + "\n")
+        atomic_write_text(path, text + "\n")
         print(f"wrote {path} (ok={rec['ok']}, {body['elapsed_s']} s)", file=out)
     if not rec["ok"]:
         return EXIT_FAIL

@@ -31,6 +31,7 @@ import traceback
 from pathlib import Path
 
 from hipkernel import record
+from refattn.fileio import atomic_write_text
 from hipkernel.autotune import TUNER
 from hipkernel.backends import get_backend
 
@@ -38,7 +39,7 @@ GPTOSS = dict(B=1, Hq=64, Hkv=8, d=64)
 
 
 def _write(out: Path, name: str, rec: dict) -> None:
-    (out / name).write_text(json.dumps(rec, indent=2, allow_nan=False) + "\n")
+    atomic_write_text(out / name, json.dumps(rec, indent=2, allow_nan=False) + "\n")
     print(f"wrote {out / name}: ok={rec['ok']}", flush=True)
 
 

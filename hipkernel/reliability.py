@@ -52,6 +52,7 @@ from hipkernel.config import (CANDIDATES, DEFAULT, HEAD_DIMS, MMA_DEFAULT, MMA_P
                               candidates, config_from_name, has_mma, has_wgmma)
 from refattn.args import check_attention_args
 from refattn.cases import OUT_CANARY_BITS, Case, canary_out, load_suites, make_inputs
+from refattn.fileio import atomic_write_text
 from refattn.metrics import compare
 from refattn.reference import attention_with_baseline
 
@@ -719,8 +720,7 @@ def main(argv=None) -> int:
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         path = os.path.join(args.out, "reliability-h200.json")
-        with open(path, "w") as f:
-            f.write(text)
+        atomic_write_text(path, text)
         print(f"wrote {path}: ok={ok}", flush=True)
     else:
         sys.stdout.write(text)

@@ -390,8 +390,10 @@ def main(argv=None) -> int:
     body, ok = record_body(host=host, warmup=warm, runs=runs, suites=args.suites,
                            fuzz_shards=args.fuzz_shards, per_shard=args.per_shard)
     rec = record.stamp("scaling", device_label(host["gpus"], warm["device_name"]), body, ok)
+    from refattn.fileio import atomic_write_text
+
     path = args.out / "scaling.json"
-    path.write_text(json.dumps(rec, indent=2, allow_nan=False) + "\n")
+    atomic_write_text(path, json.dumps(rec, indent=2, allow_nan=False) + "\n")
     print(f"wrote {path}", flush=True)
     print(verdict(body, ok), flush=True)
     return 0 if ok else 1

@@ -796,3 +796,13 @@ def test_gpu_hold_keeps_host_launch_time_out_of_the_events(gpu, tmp_path):
     finally:
         for p in bufs:
             p.free()
+
+
+@pytest.mark.parametrize("raw", ["gpu1", "-1", "1.5"])
+def test_a_bad_device_index_in_the_environment_names_the_variable(raw):
+    from hipkernel.backends import device_from_environment
+    from refattn.args import EnvVarError
+
+    with pytest.raises(EnvVarError, match=rf"^HIPKERNEL_DEVICE: expected a device index >= 0, got '{raw}'"):
+        device_from_environment({"HIPKERNEL_DEVICE": raw})
+    assert device_from_environment({}) == 0 and device_from_environment({"HIPKERNEL_DEVICE": " 3 "}) == 3

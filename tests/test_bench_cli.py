@@ -535,3 +535,9 @@ def test_why_no_configuration_ran_groups_the_errors():
                                "a, KV heads repeated x8: ValueError: bad"])
     assert why == ("RuntimeError: no kernel (tried: a, native GQA; b, native GQA); "
                    "ValueError: bad (tried: a, KV heads repeated x8)")
+
+
+def test_a_json_path_that_cannot_be_written_is_refused_before_the_bench(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "open_backend", lambda *a: (_ for _ in ()).throw(AssertionError("benched")))
+    code, out, err = run_cli(capsys, "bench", "--shapes", "gptoss-512@8192", "--json", str(tmp_path))
+    assert code == 2 and err.strip().startswith(f"refattn bench: error: --json: {tmp_path} is a directory"), err

@@ -637,6 +637,23 @@ class Backend:
 _INSTANCES: dict[str, tuple[Backend | None, str]] = {}
 
 
+DEVICE_ENV = "HIPKERNEL_DEVICE"
+
+
+def device_from_environment(environ=None) -> int:
+    """``$HIPKERNEL_DEVICE`` as a device index (default 0); EnvVarError naming it otherwise."""
+    from refattn.args import EnvVarError
+
+    raw = (os.environ if environ is None else environ).get(DEVICE_ENV, "").strip() or "0"
+    try:
+        device = int(raw)
+    except ValueError:
+        device = -1
+    if device < 0:
+        raise EnvVarError(f"{DEVICE_ENV}: expected a device index >= 0, got {raw!r}")
+    return device
+
+
 def _check_name(name: str) -> None:
     if name not in BACKEND_NAMES:
         raise ValueError(f"backend: unknown backend {name!r} (have {', '.join(BACKEND_NAMES)})")

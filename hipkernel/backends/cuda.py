@@ -21,8 +21,8 @@ from pathlib import Path
 
 from hipkernel.config import WGMMA_SM
 from hipkernel.backends import (Backend, BackendError, BackendUnavailable, CompileError,
-                                CompileResult, define_flags, error_text, split_result,
-                                summarize_usage, unwrap)
+                                CompileResult, define_flags, device_from_environment,
+                                error_text, split_result, summarize_usage, unwrap)
 
 try:  # cuda-bindings >= 12.6 ...
     from cuda.bindings import driver, nvrtc
@@ -339,5 +339,5 @@ class CudaBackend(Backend):
 def create(device: int | None = None) -> CudaBackend:
     """The backend on ``device`` (default ``$HIPKERNEL_DEVICE`` or 0)."""
     if device is None:
-        device = int(os.environ.get("HIPKERNEL_DEVICE", "0"))
+        device = device_from_environment()
     return CudaBackend(device)

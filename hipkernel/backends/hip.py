@@ -39,8 +39,8 @@ import struct
 from collections.abc import Sequence
 
 from hipkernel.backends import (Backend, BackendError, BackendUnavailable, CompileError,
-                                CompileResult, define_flags, error_text, split_result,
-                                summarize_usage, unwrap)
+                                CompileResult, define_flags, device_from_environment,
+                                error_text, split_result, summarize_usage, unwrap)
 from hipkernel.backends._cache import default_dir
 
 NAME = "hip"
@@ -449,5 +449,5 @@ class HipBackend(Backend):
 def create(device: int | None = None) -> HipBackend:
     """The backend on ``device`` (default ``$HIPKERNEL_DEVICE`` or 0)."""
     if device is None:
-        device = int(os.environ.get("HIPKERNEL_DEVICE", "0"))
+        device = device_from_environment()
     return HipBackend(device)
