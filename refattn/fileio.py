@@ -78,14 +78,20 @@ def check_output_dir(name: str, path) -> Path:
 
 
 def atomic_write_text(path, text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary file in the same directory and a rename.
-    The temporary file is removed if anything fails."""
+    """Write ``text`` (UTF-8) to ``path`` through a temporary file in the same directory and a
+    rename. The temporary file is removed if anything fails."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path, data: bytes, *, prefix: str | None = None) -> Path:
+    """:func:`atomic_write_text` for bytes; ``prefix`` names the temporary file (default
+    ``.<name>.``)."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    fd, tmp = tempfile.mkstemp(prefix=prefix or f".{p.name}.", suffix=".tmp", dir=p.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         try:
@@ -137,5 +143,5 @@ def json_text(doc: dict, indent: int | None = 2) -> str:
     return json.dumps(clean, indent=indent, allow_nan=False) + "\n"
 
 
-__all__ = ["OutputPathError", "atomic_write_text", "check_output_dir", "check_output_file",
+__all__ = ["OutputPathError", "atomic_write_bytes", "atomic_write_text", "check_output_dir", "check_output_file",
            "finite_json", "json_text"]

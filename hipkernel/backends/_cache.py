@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -109,19 +108,11 @@ class DiskCache:
         """Write atomically; a failure to write (read-only home, full disk) is ignored."""
         if not self.enabled:
             return
+        from refattn.fileio import atomic_write_bytes
+
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=self.directory)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(MAGIC + hashlib.sha256(payload).digest() + payload)
-                os.replace(tmp, self.path(key))
-            except BaseException:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
-                raise
+            atomic_write_bytes(self.path(key), MAGIC + hashlib.sha256(payload).digest() + payload,
+                               prefix=f".{key[:16]}.")
         except OSError:
             pass
 
