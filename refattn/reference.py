@@ -17,9 +17,11 @@ How it is computed: blocked over query rows, batched over the G query heads that
 KV head, one BLAS GEMM for the scores and one for P.V per block. A block of rows
 [i0, i1) only touches keys [lo, hi) with hi = p(i1 - 1) + 1 and, under a window,
 lo = p(i0) - W + 1, so work is O(Sq * W) under a window, not O(Sq * Skv). The mask is only
-evaluated on the two triangles where it can bite (the causal edge and the window edge);
-columns in between are visible to every row of the block. No (Hq, Sq, Skv) tensor is ever
-built: peak scratch is bounded by ``_SCRATCH_BYTES`` per block.
+evaluated on the two triangles where it can bite (the causal edge and the window edge),
+where it sets the scores of invisible keys to -inf after the softcap (an assignment: a NaN or
+an infinity from ``k`` there never reaches a row that cannot see it); columns in between are
+visible to every row of the block. No (Hq, Sq, Skv) tensor is ever built: peak scratch is
+bounded by ``_SCRATCH_BYTES`` per block.
 
 Threads: the (batch, KV head) pairs run on a thread pool of :func:`pool_threads` threads,
 ``$REFATTN_THREADS`` when set, else ``min(8, os.cpu_count())``. The variable is read at each
@@ -193,9 +195,11 @@ def _block(a: Attn, qb, kh, vh, k_lo: int, sink, i0: int, i1: int, dt, with_base
     for c0, c1 in edges:
         if c1 > c0:
             # Assigned, not added: a NaN or +inf score at a key a row cannot see (a non-finite
-            # k there) must not survive the mask, and NaN + -inf is NaN.
-            view = s[:, :, c0 - lo:c1 - lo]
-            view[:, ~_visible_block(p0, p1, c0, c1, W)] = -np.inf
+            # k there) must not survive the mask, and NaN + -inf is NaN. It comes after the
+            # softcap, whose tanh keeps a NaN. copyto broadcasts the (rows, keys) mask over
+            # the heads without the index arrays of a boolean assignment (3-4x slower).
+            np.copyto(s[:, :, c0 - lo:c1 - lo], dt.type(-np.inf),
+                      where=~_visible_block(p0, p1, c0, c1, W))
     m = s.max(axis=2)  # (G, R)
     if sink is not None:
         m = np.maximum(m, sink[:, None])
