@@ -8,8 +8,13 @@ The story, top to bottom:
    ``run-*.json`` (``refattn run --report``: one kernel over cases, ``MatrixResult.to_json``),
    ``mutants-*.json`` (``refattn mutants --json``: a kill matrix, ``KillMatrix.to_json``) and
    the GPU records ``gpu/*.json`` (``hipkernel.record``: kinds ``matrix``, ``mutants``,
-   ``measure``, ``bench``, ``reliability``). A missing input is reported as missing; an
-   unreadable one is reported as a failure. Nothing here crashes on a bad file.
+   ``measure``, ``bench``, ``reliability``). Each document is checked against the schema of
+   its kind when it is read (``refattn.schema``); one that cannot be read or has a field of
+   the wrong shape is a failure ``unreadable input: FILE: FIELD: why`` and is left out, so
+   nothing after this step sees a bad file and nothing here crashes on one. A missing input
+   (no run file, no kill matrix, no GPU record) is a failure too: a check over nothing is
+   no pass. An ``--in`` that does not exist ends the command (exit 1) before anything is
+   written or created.
 2. **Build** (:func:`build`) the document ``latest.json`` (``"schema": 1``): a summary, one
    row per (kernel, suite, case), the kill matrices, the GPU records with their freshness
    (recorded ``kernel_source_hash`` against ``hipkernel.api.source_hash()``, imported lazily:
@@ -33,16 +38,20 @@ The story, top to bottom:
 
    A *failure* is the current state alone, baseline or not: a case not ``pass``/``declined``,
    a surviving mutant (not ``equivalent``), a clean kernel that fails its own matrix, an
-   unreadable input. ``--check`` exits 1 when there is any of either and prints one line
-   for each.
+   unreadable or missing input, and a baseline that is missing (a typo in ``--baseline``),
+   malformed or empty (nothing to compare against). ``--check`` exits 1 when there is any of
+   either and prints one line for each. With ``--update-baseline`` a missing or empty
+   baseline is no failure: that is how the first one is made.
 4. **Render** ``latest.md`` (summary line first, then tables; GitHub-readable) and, when
    matplotlib is importable (``pip install refattn[plot]``), PNG plots in ``<out>/plots/``:
    relL2 per case on a log axis with both gates, GPU per-call time against past_len (full vs
    windowed), an error heatmap (head x row) of the case with the largest relL2 (re-run on
    the CPU when it costs under :data:`HEATMAP_MAX_FLOPS`), and each kill-matrix grid.
+   Both texts are made before either is written, and each is written atomically (a
+   temporary file renamed over the target), so the two never disagree.
 5. **Print** the summary line (and the findings) to stdout for the CI log.
-   ``--update-baseline`` copies the new ``latest.json`` to the baseline path; nothing else
-   ever writes the baseline.
+   ``--update-baseline`` copies the new ``latest.json`` to the baseline path, atomically;
+   nothing else ever writes the baseline.
 
 Benchmark records (``kind: "bench"``): ``hipkernel.bench`` writes ``"shapes": [{"name",
 "hipkernel": {"sink": {"ms", "tflops"}, "nosink": {...}}, "peers": {name: {"status", "ms",
