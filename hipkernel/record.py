@@ -17,14 +17,14 @@ times), ``scaling`` (the GPU tests on one GPU and on two).
 Every kind but ``scaling`` must be a run of the kernel source as it is: those records say
 what this kernel does on the GPU. A ``scaling`` record says how the test harness spreads over
 GPUs (pytest-xdist workers pinned one a GPU); it needs a machine with two GPUs, which is not
-always lent. A kernel edit therefore *carries* the last scaling record forward: it stays,
+always at hand. A kernel edit therefore *carries* the last scaling record forward: it stays,
 labelled with the kernel it ran (:func:`freshness` gives ``"carried"``), and must still be
 ``ok``. So a kernel change lands on the one-GPU records, and no kernel change waits on a
 machine that cannot be had; ``--check`` names every carried record.
 
 ``python -m hipkernel.record --collect RECORDS RELIABILITY [SCALING]`` turns the outputs of
 the H200 commands (``scripts/h200x2_records.sh``, ``scripts/h200x2_reliability.sh``, and,
-when two GPUs were lent, ``python -m hipkernel.scaling``) into ``reports/gpu/``: it checks
+on a machine with two GPUs, ``python -m hipkernel.scaling``) into ``reports/gpu/``: it checks
 that every one is a run of the kernel source as it is here and passed, and writes nothing
 otherwise. Without SCALING the committed scaling record is kept as it is.
 """
@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -59,7 +58,7 @@ def stamp(kind: str, device: str, body: dict, ok: bool) -> dict:
 
 
 # Kinds whose record outlives a kernel edit (see the module docstring): they measure the
-# harness, not the kernel, on a machine that is lent only at times.
+# harness, not the kernel, on a machine with two GPUs, which is not always at hand.
 CARRIED_KINDS = ("scaling",)
 
 
@@ -87,7 +86,7 @@ def check_record(rec: dict, current_hash: str | None = None) -> list[str]:
     if freshness(rec, current_hash) == "stale":
         problems.append(f"stale: recorded hash {rec['kernel_source_hash'][:12]} != current "
                         f"kernel source {current_hash[:12]} (re-run on the GPU)")
-    shape = schema.gpu_kind_problems(rec)  # the fields the failure detail below reads
+    shape = schema.gpu_kind_problems(rec) or _kill_matrices_problems(rec)  # what is read below
     if shape:
         return problems + shape
     if not rec["ok"]:
@@ -112,22 +111,45 @@ def _bench_problems(rec: dict) -> list[str]:
             "re-run it where torch imports and sees the GPU"]
 
 
+# An mma_check record's kill matrices (config name -> kill matrix), as _failure_detail reads
+# them; refattn.schema checks only that each is an object.
+_MMA_MATRIX = {"mutants": schema.Opt([schema.MUTANT]), "clean_ok": schema.Opt(bool)}
+
+
+def _kill_matrices_problems(rec: dict) -> list[str]:
+    """The problems of an mma_check record's kill matrices: there must be some (the record
+    says how each tensor-core config kills the mutants), each of the shape read below."""
+    if rec["kind"] != "mma_check":
+        return []
+    mutants = rec.get("mutants")
+    if mutants is None:
+        return ["mutants: missing" if "mutants" not in rec else "mutants: expected an object, got null"]
+    return schema.problems(mutants, schema.Map(_MMA_MATRIX), "mutants") if isinstance(mutants, dict) else []
+
+
+def _kill_matrices(rec: dict) -> list[tuple[str, dict]]:
+    """(config, kill matrix) of a record: one unnamed for a ``mutants`` record, one a config
+    for an ``mma_check`` record (or one unnamed, where it holds a plain list of mutants), none
+    for the other kinds, whose fields say nothing about mutants."""
+    if rec["kind"] == "mutants":
+        return [("", rec)]
+    if rec["kind"] == "mma_check":
+        mutants = rec["mutants"]
+        return list(mutants.items()) if isinstance(mutants, dict) else [("", {"mutants": mutants})]
+    return []
+
+
 def _failure_detail(rec: dict) -> str:
-    bad = [r.get("case", "?") + ":" + str(r.get("outcome")) for r in rec.get("results", [])
-           if r.get("outcome") not in ("pass", "declined")]
+    """What failed in a record that says it failed, from the fields of its kind (checked)."""
+    bad = [r["case"] + ":" + r["outcome"] for r in rec.get("results") or []
+           if r["outcome"] not in ("pass", "declined")]
     parts = []
     if bad:
         parts.append("cases " + ", ".join(bad[:10]))
-    mutants = rec.get("mutants", [])
-    # a kill matrix (list of mutants), or mma_check's one a config (config name -> kill matrix)
-    matrices = mutants.items() if isinstance(mutants, dict) else [("", rec)]
-    for cfg, km in matrices:
+    for cfg, km in _kill_matrices(rec):
         where = f" ({cfg})" if cfg else ""
-        if not isinstance(km, dict):
-            parts.append(f"no kill matrix{where}: {km!r}")
-            continue
-        survivors = [m.get("name", "?") for m in km.get("mutants", [])
-                     if isinstance(m, dict) and not m.get("killed") and not m.get("equivalent")]
+        survivors = [m["name"] for m in km.get("mutants") or []
+                     if not m["killed"] and not m.get("equivalent")]
         if survivors:
             parts.append(f"surviving mutants{where} " + ", ".join(survivors))
         if km.get("clean_ok") is False:
@@ -145,7 +167,7 @@ def check_dir(path: Path, require: tuple[str, ...] = ("h200.json",)) -> list[str
     current = source_hash()
     for f, rec, error in _read_dir(path):
         if error:
-            problems.append(f"{f}: unreadable: {error}")
+            problems.append(f"{f.name}: unreadable: {error}")
         else:
             problems += [f"{f.name}: {p}" for p in check_record(rec, current)]
     return problems
@@ -155,21 +177,17 @@ def carried_in(path: Path) -> list[str]:
     """One line for each carried record in ``path`` (see :func:`freshness`)."""
     current = source_hash()
     return [f"{f.name}: {carried_note(rec)}" for f, rec, error in _read_dir(Path(path))
-            if not error and freshness(rec, current) == "carried"]
+            if not error and not schema.gpu_common_problems(rec) and freshness(rec, current) == "carried"]
 
 
 def _read_dir(path: Path):
-    """(file, record, None) or (file, None, error) for each ``*.json`` in ``path``."""
+    """(file, document, None) or (file, None, error) for each ``*.json`` in ``path``. The
+    document is any JSON value: :func:`check_record` says what is wrong with its shape."""
     for f in sorted(path.glob("*.json")):
         try:
-            rec = json.loads(f.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            yield f, None, e
-            continue
-        if isinstance(rec, dict):
-            yield f, rec, None
-        else:
-            yield f, None, f"expected a JSON object, got {type(rec).__name__}"
+            yield f, json.loads(f.read_text(encoding="utf-8")), None
+        except (OSError, ValueError, RecursionError) as e:  # ValueError: JSON, UTF-8, a huge integer
+            yield f, None, f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
 
 
 # Where each record of reports/gpu/ comes from. Both H200 scripts run the matrix, measure and
@@ -190,9 +208,10 @@ def _load(path: Path, what: str) -> dict:
     if not path.is_file():
         raise ValueError(f"{what}: {path} is missing")
     try:
-        rec = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"{what}: {path} is unreadable: {e}") from None
+        rec = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:  # ValueError: JSON, UTF-8, a huge integer
+        raise ValueError(f"{what}: {path} is unreadable: {type(e).__name__}: "
+                         f"{' '.join(str(e).split())[:300]}") from None
     if not isinstance(rec, dict):
         raise ValueError(f"{what}: {path} is not a JSON object")
     return rec
@@ -247,7 +266,7 @@ def collect(records: Path, reliability: Path, scaling: Path | None, out: Path) -
         raise ValueError("nothing written:\n  " + "\n  ".join(problems))
     out.mkdir(parents=True, exist_ok=True)
     for name, path, _ in sources:  # byte for byte, each through a temporary file and a rename
-        atomic_write_text(out / name, path.read_text())
+        atomic_write_text(out / name, path.read_bytes().decode("utf-8"))
     atomic_write_text(out / MMA_CHECK_RECORD, json.dumps(staged[MMA_CHECK_RECORD], indent=1) + "\n")
     return sorted(staged)
 

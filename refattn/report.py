@@ -9,12 +9,15 @@ The story, top to bottom:
    ``mutants-*.json`` (``refattn mutants --json``: a kill matrix, ``KillMatrix.to_json``) and
    the GPU records ``gpu/*.json`` (``hipkernel.record``: kinds ``matrix``, ``mutants``,
    ``measure``, ``bench``, ``reliability``). Each document is checked against the schema of
-   its kind when it is read (``refattn.schema``); one that cannot be read or has a field of
-   the wrong shape is a failure ``unreadable input: FILE: FIELD: why`` and is left out, so
-   nothing after this step sees a bad file and nothing here crashes on one. A missing input
-   (no run file, no kill matrix, no GPU record) is a failure too: a check over nothing is
-   no pass. An ``--in`` that does not exist ends the command (exit 1) before anything is
-   written or created.
+   its kind when it is read (``refattn.schema``, and ``_KILL_READ`` / ``_GPU_READ`` /
+   ``_GPU_KIND_READ`` here for the few fields only this module reads); one that cannot be
+   read (not JSON, not UTF-8, nested too deep) or has a field of the wrong shape (``"results":
+   5``, a hash given as a number, a GPU record without ``kernel_source_hash``, ``"rel_l2":
+   Infinity``: every number read must be finite) is a failure ``unreadable input: FILE:
+   FIELD: why`` and is left out, so nothing after this step sees a bad file and nothing here
+   crashes on one. A missing input (no run file, no kill matrix, no GPU record) is a failure
+   too: a check over nothing is no pass. An ``--in`` that does not exist ends the command
+   (exit 1) before anything is written or created.
 2. **Build** (:func:`build`) the document ``latest.json`` (``"schema": 1``): a summary, one
    row per (kernel, suite, case), the kill matrices, the GPU records with their freshness
    (recorded ``kernel_source_hash`` against ``hipkernel.api.source_hash()``, imported lazily:
@@ -34,24 +37,42 @@ The story, top to bottom:
      record (``hipkernel.record.freshness``: a two-GPU scaling run of an earlier kernel
      source, kept across kernel edits) is listed as such and must still pass;
    * a benchmark ratio (peer time / our time, higher is better) that dropped by more than
-     :data:`BENCH_WORSE` (15 %).
+     :data:`BENCH_WORSE` (15 %);
+   * *coverage lost* (:func:`_coverage_lost`): a case, mutant, GPU record or timed bench
+     ratio of the baseline that this report no longer has (a suite no longer run, a record
+     deleted, a peer left out), one line per source file of the baseline; the entries of a
+     file that is unreadable now are not listed again (the file is a failure of its own).
 
    A *failure* is the current state alone, baseline or not: a case not ``pass``/``declined``,
    a surviving mutant (not ``equivalent``), a clean kernel that fails its own matrix, an
    unreadable or missing input, and a baseline that is missing (a typo in ``--baseline``),
    malformed or empty (nothing to compare against). ``--check`` exits 1 when there is any of
-   either and prints one line for each. With ``--update-baseline`` a missing or empty
+   either and prints one line for each; without ``--check`` the same lines are printed and
+   written, and the exit status is 0. With ``--update-baseline`` a missing or empty
    baseline is no failure: that is how the first one is made.
+
+   CI (``.ci/run``) writes ``reports/mutants-model.json`` (``refattn mutants --json``) and
+   ``reports/run-model.json`` (``refattn run --report reports``), then runs ``refattn report
+   --check``: ``--in`` and ``--out`` are ``reports/``, the baseline is the committed
+   ``reports/baseline.json``, the GPU records the committed ``reports/gpu/``. A step of
+   that sequence that wrote nothing, or less than before, fails the check.
 4. **Render** ``latest.md`` (summary line first, then tables; GitHub-readable) and, when
    matplotlib is importable (``pip install refattn[plot]``), PNG plots in ``<out>/plots/``:
    relL2 per case on a log axis with both gates, GPU per-call time against past_len (full vs
    windowed), an error heatmap (head x row) of the case with the largest relL2 (re-run on
    the CPU when it costs under :data:`HEATMAP_MAX_FLOPS`), and each kill-matrix grid.
-   Both texts are made before either is written, and each is written atomically (a
-   temporary file renamed over the target), so the two never disagree.
+   Both texts are made before either is written, then written together
+   (:func:`_write_together`: each to a hidden file beside its target, then both renamed), so
+   a failure while rendering or writing (a full disk: one line on stderr, exit 1) leaves both
+   as they were and the two never disagree. Each plot is rendered in memory and written
+   through a temporary file and a rename, so a plot that fails leaves no truncated PNG.
 5. **Print** the summary line (and the findings) to stdout for the CI log.
    ``--update-baseline`` copies the new ``latest.json`` to the baseline path, atomically;
-   nothing else ever writes the baseline.
+   nothing else ever writes the baseline. It refuses (one line on stderr, exit 1, the
+   baseline untouched) when an input is unreadable or missing or the report holds no case,
+   kill matrix or GPU record: such a baseline would stop comparing what it left out. With
+   ``--check`` the check is against the old baseline, and the new one is written even when
+   the check fails: accepting the current state is what updating means.
 
 Benchmark records (``kind: "bench"``): ``hipkernel.bench`` writes ``"shapes": [{"name",
 "hipkernel": {"sink": {"ms", "tflops"}, "nosink": {...}}, "peers": {name: {"status", "ms",
@@ -71,15 +92,17 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import importlib
+import io
 import json
 import math
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from refattn import schema
 from refattn.cli import EXIT_FAIL, EXIT_OK, UsageError, _safe_name
-from refattn.fileio import atomic_write_text, check_output_dir, check_output_file, json_text
+from refattn.fileio import atomic_write_bytes, atomic_write_text, check_output_dir, check_output_file, json_text
 from refattn.metrics import SEED_GATE_REL_L2
 from refattn.runner import ACCEPTABLE
 
@@ -142,6 +165,35 @@ class Collected:
     unreadable: list[tuple[str, str]] = field(default_factory=list)  # (file, why)
 
 
+# Fields this module reads beyond what ``refattn.schema`` checks: the parts of a GPU record's
+# kernel label, the lists a kill matrix (file or record) copies into latest.json and joins
+# into text, and the per-call keys the measure table and plot sort by.
+_KILL_READ = {"clean_failures": schema.Opt([str]), "cases": schema.Opt([str])}
+_GPU_READ = {"kernel": schema.Opt(str), "backend": schema.Opt(str)}
+_GPU_KIND_READ = {
+    "mutants": _KILL_READ,
+    "measure": {"per_call": schema.Opt([{"sq": schema.Opt(int), "past_len": schema.Opt(int),
+                                         "window": schema.Opt(int), "sink": schema.Opt(str)}])},
+}
+
+
+def _kill_problems(doc: dict) -> list[str]:
+    """A kill matrix file's problems: ``refattn.schema``'s, then those of ``_KILL_READ``."""
+    return schema.problems(doc, schema.KILL_MATRIX) or schema.problems(doc, _KILL_READ)
+
+
+def _gpu_problems(rec: dict) -> list[str]:
+    """A GPU record's problems: ``refattn.schema``'s (common fields, then its kind's), then
+    those of the fields only this module reads."""
+    return (schema.gpu_record_problems(rec) or schema.problems(rec, _GPU_READ)
+            or schema.problems(rec, _GPU_KIND_READ.get(rec["kind"], {})))
+
+
+def _first_line(e: BaseException) -> str:
+    """An exception's message on one line (a finding is one line)."""
+    return " ".join(str(e).split())[:300]
+
+
 def _shape_problems(problems: list[str]) -> str:
     """The first problem of a document, and how many more there are."""
     more = len(problems) - 1
@@ -154,11 +206,14 @@ def _read_json(path: Path, root: Path, col: Collected, need: str, what: str, che
     ``refattn.schema`` check of its kind) finds a field of the wrong shape."""
     name = path.relative_to(root).as_posix()
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        col.unreadable.append((name, f"{type(e).__name__}: {e}"))
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:  # ValueError: JSON, UTF-8, a huge integer
+        col.unreadable.append((name, f"{type(e).__name__}: {_first_line(e)}"))
         return None
-    if not isinstance(doc, dict) or need not in doc:
+    if not isinstance(doc, dict):  # "(top level): expected an object, got a list"
+        col.unreadable.append((name, schema.problems(doc, dict)[0]))
+        return None
+    if need not in doc:
         col.unreadable.append((name, f"not {what} (no {need!r} field)"))
         return None
     found = check(doc)
@@ -179,19 +234,20 @@ def collect(in_dir) -> Collected:
             ("run-*.json", "results", col.runs, "a run file", "CPU run files", "refattn run --report DIR",
              schema.RUN),
             ("mutants-*.json", "mutants", col.kill, "a kill matrix", "kill matrices",
-             "refattn mutants --json PATH", schema.KILL_MATRIX)):
+             "refattn mutants --json PATH", None)):
         files = sorted(root.glob(pattern))
         if not files:
             col.missing.append(f"{label}: no {root}/{pattern} ({how})")
         for f in files:
-            doc = _read_json(f, root, col, need, what, lambda d, spec=spec: schema.problems(d, spec))
+            check = _kill_problems if spec is None else (lambda d, spec=spec: schema.problems(d, spec))
+            doc = _read_json(f, root, col, need, what, check)
             if doc is not None:
                 into.append((f.relative_to(root).as_posix(), doc))
     gpu_files = sorted((root / "gpu").glob("*.json"))
     if not gpu_files:
         col.missing.append(f"GPU records: no {root}/gpu/*.json")
     for f in gpu_files:
-        doc = _read_json(f, root, col, "kind", "a GPU record", schema.gpu_record_problems)
+        doc = _read_json(f, root, col, "kind", "a GPU record", _gpu_problems)
         if doc is not None:
             col.gpu.append((f.relative_to(root).as_posix(), doc))
     return col
@@ -258,8 +314,7 @@ def _gpu_entry(source: str, rec: dict, current: str | None) -> dict:
         freshness = "unknown"
     else:  # fresh, stale, or carried (a scaling record outlives a kernel edit: hipkernel.record)
         freshness = importlib.import_module("hipkernel.record").freshness(rec, current)
-    problems = [f"missing field {k!r}" for k in ("schema", "kind", "kernel_source_hash", "device", "ok")
-                if k not in rec]
+    problems = []  # the fields are there and typed (collect checked the record)
     if freshness == "stale":
         problems.append(f"stale: recorded hash {h[:12]} != current kernel source {current[:12]}")
     if rec.get("ok") is False:
@@ -270,10 +325,12 @@ def _gpu_entry(source: str, rec: dict, current: str | None) -> dict:
 
 
 def _gpu_failure_detail(rec: dict) -> str:
-    bad = [f"{r.get('case', '?')}:{r.get('outcome')}" for r in rec.get("results") or []
-           if isinstance(r, dict) and r.get("outcome") not in ACCEPTABLE]
-    survivors = [str(m.get("name")) for m in rec.get("mutants") or []
-                 if isinstance(m, dict) and not m.get("killed") and not m.get("equivalent")]
+    """What failed in a record, from the fields its kind has: the cases of any record
+    (``results``, typed for every kind), the mutants of a kill-matrix record."""
+    bad = [f"{r['case']}:{r['outcome']}" for r in rec.get("results") or []
+           if r["outcome"] not in ACCEPTABLE]
+    mutants = rec.get("mutants") if rec["kind"] == "mutants" else None
+    survivors = [m["name"] for m in mutants or [] if not m["killed"] and not m.get("equivalent")]
     parts = (["cases " + ", ".join(bad[:5])] if bad else []) + \
             (["surviving mutants " + ", ".join(survivors)] if survivors else [])
     return ": " + "; ".join(parts) if parts else ""
@@ -419,6 +476,51 @@ def _bench_ratios(doc: dict) -> dict:
             for b in doc.get("bench") or [] for row in b.get("rows") or [] for p in row.get("peers") or []}
 
 
+_LOST_WHAT = {"cases": "case", "mutants": "mutant", "GPU records": "GPU record",
+              "bench ratios": "bench ratio"}  # each with its singular
+
+
+def _coverage_lost(latest: dict, baseline: dict) -> list[Finding]:
+    """What the baseline compared and ``latest`` no longer has, one regression per source file
+    of the baseline: cases, kill-matrix mutants, GPU records and timed bench ratios. A file
+    that is unreadable now is a failure of its own; its entries are not listed again."""
+    unreadable = {str(u.get("file")) for u in (latest.get("inputs") or {}).get("unreadable") or []}
+    lost: dict[str, dict[str, list[str]]] = {}  # source -> {what: [entries]}
+
+    def gone(source, what: str, entry: str) -> None:
+        source = str(source or "?")
+        if source not in unreadable:
+            lost.setdefault(source, {}).setdefault(what, []).append(entry)
+
+    have = {_case_key(r) for r in latest.get("cases") or []}
+    for r in baseline.get("cases") or []:
+        if _case_key(r) not in have:
+            gone(r.get("source"), "cases", _case_where(r))
+    have = {(k.get("kernel"), m.get("name")) for k in latest.get("kill_matrices") or []
+            for m in k.get("mutants") or []}
+    for k in baseline.get("kill_matrices") or []:
+        for m in k.get("mutants") or []:
+            if (k.get("kernel"), m.get("name")) not in have:
+                gone(k.get("source"), "mutants", f"{k.get('kernel')} / {m.get('name')}")
+    have = {g.get("file") for g in latest.get("gpu_records") or []}
+    for g in baseline.get("gpu_records") or []:
+        if g.get("file") not in have:
+            gone(g.get("file"), "GPU records", str(g.get("file")))
+    have = {key for key, ratio in _bench_ratios(latest).items() if ratio is not None}
+    for key, ratio in _bench_ratios(baseline).items():
+        if ratio is not None and key not in have:
+            gone(key[1], "bench ratios", f"{key[2]} vs {key[3]}")
+
+    found = []
+    for source, by_what in lost.items():
+        counts = ", ".join(f"{len(v)} {w if len(v) != 1 else _LOST_WHAT[w]}" for w, v in by_what.items())
+        entries = [e for v in by_what.values() for e in v]
+        more = f" and {len(entries) - 3} more" if len(entries) > 3 else ""
+        found.append(Finding("regression", "coverage lost", source, f"{counts} in the baseline",
+                             "not in this report: " + ", ".join(entries[:3]) + more, ("lost", source)))
+    return found
+
+
 def diff(latest: dict, baseline: dict | None) -> list[Finding]:
     """Regressions of ``latest`` against ``baseline`` (None: no baseline) and the current
     failures, each once (a failure that is also a regression is listed as the regression)."""
@@ -475,6 +577,7 @@ def diff(latest: dict, baseline: dict | None) -> list[Finding]:
             found.append(Finding("regression", f"bench ratio worse by {100 * (1 - new / old):.0f}%",
                                  f"{source} {case} vs {peer}", f"{old:.2f}x", f"{new:.2f}x", key))
 
+    found += _coverage_lost(latest, baseline or {})
     seen = {f.key for f in found}
     base_known = baseline is not None
 
@@ -616,7 +719,7 @@ def render_markdown(doc: dict, plots: dict) -> str:
 
     L += ["## Cases", "",
           "Derived gate: relL2 <= 2 x baseline relL2 + floor and max-abs <= 2 x baseline max-abs "
-          f"+ floor (DESIGN §4); the seed gate is relL2 <= {SEED_GATE_REL_L2}.", ""]
+          f"+ floor (docs/semantics.md); the seed gate is relL2 <= {SEED_GATE_REL_L2}.", ""]
     groups: dict = {}
     for r in doc["cases"]:
         groups.setdefault((r["kernel"], r["suite"]), []).append(r)
@@ -707,6 +810,14 @@ def _matplotlib():
     return plt
 
 
+def _save_png(fig, path: Path) -> None:
+    """The figure rendered in memory, then written atomically: a plot that fails halfway
+    leaves no truncated PNG."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    atomic_write_bytes(path, buf.getvalue())
+
+
 def _plot_rel_l2(plt, kernel: str, rows: list[dict], path: Path) -> None:
     rows = [r for r in rows if r["rel_l2"] is not None]
     floor = 1e-10  # relL2 of exactly 0 (e.g. window 1) is drawn at the bottom of the log axis
@@ -734,7 +845,7 @@ def _plot_rel_l2(plt, kernel: str, rows: list[dict], path: Path) -> None:
     ax.set_title(f"{kernel}: relL2 per case")
     ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    _save_png(fig, path)
     plt.close(fig)
 
 
@@ -754,7 +865,7 @@ def _plot_measure(plt, m: dict, path: Path) -> None:
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    _save_png(fig, path)
     plt.close(fig)
 
 
@@ -788,7 +899,7 @@ def _plot_kill_grid(plt, k: dict, path: Path) -> None:
                        Patch(color=colors[0], label="not killed")],
               fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    _save_png(fig, path)
     plt.close(fig)
 
 
@@ -849,7 +960,7 @@ def _plot_heatmap(plt, err, row: dict, kernel: str, path: Path) -> None:
     ax.set_ylabel("query head")
     ax.set_title(f"{row['case']} on {kernel}: error (relL2 {_e(row['rel_l2'])})", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    _save_png(fig, path)
     plt.close(fig)
 
 
@@ -918,9 +1029,9 @@ def load_baseline(path: Path) -> dict | None:
     if not path.exists():
         return None
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UsageError(f"baseline: cannot read {path}: {type(e).__name__}: {e}") from None
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:  # ValueError: JSON, UTF-8, a huge integer
+        raise UsageError(f"baseline: cannot read {path}: {type(e).__name__}: {_first_line(e)}") from None
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
         raise UsageError(f"baseline: {path} is not a schema-{SCHEMA} report (schema {got!r})")
@@ -957,7 +1068,9 @@ def make_report(in_dir: Path, out_dir: Path, baseline_path: Path, *, updating: b
         baseline = None  # fields of the wrong shape: diff against nothing, and say so
     findings = unfit + diff(doc, baseline)
     if baseline is None:
-        note = f"no baseline at {baseline_path}; only current failures are checked"
+        note = (f"no baseline at {baseline_path} yet; --update-baseline writes this report there"
+                if updating and not baseline_path.exists()
+                else f"no baseline at {baseline_path}; only current failures are checked")
         short = "no baseline"
     else:
         note = f"`{baseline_path}` (generated {baseline.get('generated', '?')})"
@@ -969,10 +1082,46 @@ def make_report(in_dir: Path, out_dir: Path, baseline_path: Path, *, updating: b
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = render_plots(doc, params, out_dir / "plots")
     doc["plots"] = plots
-    texts = {"latest.json": json_text(doc), "latest.md": render_markdown(doc, plots)}
-    for name, text in texts.items():
-        atomic_write_text(out_dir / name, text)
+    texts = {out_dir / "latest.json": json_text(doc), out_dir / "latest.md": render_markdown(doc, plots)}
+    _write_together(texts)
     return doc
+
+
+def _write_together(texts: dict[Path, str]) -> None:
+    """Write several files so that none is replaced unless every one could be written: each
+    text goes first to a hidden file beside its target (:func:`atomic_write_text`), then the
+    hidden files are renamed over their targets, back to back. A failure before the renames
+    (a full disk) leaves every target as it was, and no hidden file behind."""
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for path, text in texts.items():
+            pending = path.with_name(f".{path.name}.pending")
+            staged.append((pending, path))
+            atomic_write_text(pending, text)
+        for pending, path in staged:
+            os.replace(pending, path)
+    finally:
+        for pending, _ in staged:
+            try:
+                pending.unlink()
+            except FileNotFoundError:
+                pass
+
+
+def _baseline_refused(doc: dict) -> str:
+    """Why the report ``doc`` must not become the baseline, or "": a baseline made while an
+    input is unreadable or missing would leave that input's entries out and so stop comparing
+    them, and one with no cases, kill matrices or GPU records compares nothing."""
+    inputs = doc["inputs"]
+    if inputs["unreadable"]:
+        files = [u["file"] for u in inputs["unreadable"]]
+        return (f"{', '.join(files)} {'is' if len(files) == 1 else 'are'} unreadable (a baseline "
+                "without it would stop comparing what it holds)")
+    if inputs["missing"]:
+        return f"an input is missing: {inputs['missing'][0]}"
+    if not (doc["cases"] or doc["kill_matrices"] or doc["gpu_records"]):
+        return "the report has no cases, kill matrices or GPU records (a baseline of it compares nothing)"
+    return ""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -989,7 +1138,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.epilog = ("examples:\n  refattn report\n  refattn report --check\n"
                 "  refattn report --update-baseline      # then commit reports/baseline.json\n\n"
                 "exit status: 0 written (and, with --check, no regression or failure), 1 --check "
-                "found one, 2 usage error or unreadable baseline")
+                "found one, --in does not exist, the report could not be written or "
+                "--update-baseline refused, 2 usage error or unreadable baseline")
 
 
 def run(args) -> int:
@@ -1002,7 +1152,12 @@ def run(args) -> int:
     check_output_dir("--out", out_dir)
     if args.update_baseline:
         check_output_file("--baseline", baseline_path)
-    doc = make_report(in_dir, out_dir, baseline_path, updating=args.update_baseline)
+    try:
+        doc = make_report(in_dir, out_dir, baseline_path, updating=args.update_baseline)
+    except OSError as e:  # a full disk, a directory removed meanwhile: nothing half-written
+        print(f"report: error: cannot write the report into {out_dir}: {e.strerror or e}; "
+              "latest.json and latest.md are as they were", file=sys.stderr)
+        return EXIT_FAIL
     print(doc["summary"]["line"])
     for f in doc["findings"]:
         print("  " + f["line"])
@@ -1013,7 +1168,16 @@ def run(args) -> int:
     print(f"report: wrote {out_dir / 'latest.json'}, {out_dir / 'latest.md'}"
           + (f", {len(doc['plots']['written'])} plots in {out_dir / 'plots'}" if doc["plots"]["written"] else ""))
     if args.update_baseline:
-        atomic_write_text(baseline_path, (out_dir / "latest.json").read_text())
+        refused = _baseline_refused(doc)
+        if refused:
+            print(f"report: baseline not updated: {refused}", file=sys.stderr)
+            return EXIT_FAIL
+        try:
+            atomic_write_text(baseline_path, json_text(doc))  # the text of latest.json
+        except OSError as e:
+            print(f"report: error: baseline not updated: cannot write {baseline_path}: "
+                  f"{e.strerror or e}", file=sys.stderr)
+            return EXIT_FAIL
         print(f"report: baseline updated: copied {out_dir / 'latest.json'} to {baseline_path}")
     sys.stdout.flush()
     if args.check and doc["findings"]:

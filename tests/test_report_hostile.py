@@ -181,3 +181,257 @@ def test_latest_json_and_md_are_written_together_or_not_at_all(with_baseline, ca
         main(["report", "--in", str(with_baseline), "--out", str(out_dir)])
     assert {n: (out_dir / n).read_bytes() for n in before} == before
     assert sorted(p.name for p in out_dir.iterdir() if p.name.startswith(".")) == []
+
+
+# --------------------------------------------------------------------------- every kind of record
+
+def _stamped(kind: str, **body) -> dict:
+    return record.stamp(kind, "test fixture (CPU, not a GPU)", body, True)
+
+
+@pytest.fixture
+def all_kinds(with_baseline, capsys) -> Path:
+    """The inputs of ``with_baseline`` with a record of each further kind in gpu/: a GPU kill
+    matrix, a reliability record, an mma_check record and a bench record of hipkernel.bench's
+    own body (``shapes``). The report of them passes ``--check``."""
+    gpu = with_baseline / "gpu"
+    mutant = {"name": "sink_ignored", "breaks": "the sink is left out", "killed": True,
+              "killed_by": ["ext-sink-sq1-past0"], "killed_by_seed_gate": [], "equivalent": None}
+    kill = {"kernel": "hipkernel:cuda", "clean_ok": True, "clean_failures": [],
+            "cases": ["ext-sink-sq1-past0"], "ok": True, "mutants": [mutant]}
+    files = {
+        "mutants-h200.json": _stamped("mutants", backend="cuda", **kill),
+        "reliability-h200.json": _stamped("reliability", backend="cuda",
+                                          determinism={"ok": True, "runs": 3},
+                                          fuzz={"ok": True, "n": 10}),
+        "mma-check-h200.json": _stamped("mma_check", mutants={"wgmma_m16_b64": kill}),
+        "bench-shapes-h200.json": _stamped("bench", peers_available={"sdpa": {"available": True}}, shapes=[
+            {"name": "gptoss-512@8192", "hipkernel": {"sink": {"ms": 0.16, "tflops": 450.0},
+                                                       "nosink": {"ms": 0.15, "tflops": 460.0}},
+             "peers": {"sdpa": {"status": "ok", "ms": 0.25, "sink": False},
+                       "flex": {"status": "ok", "ms": 0.20, "sink": True}}}]),
+    }
+    for name, doc in files.items():
+        (gpu / name).write_text(json.dumps(doc, indent=1) + "\n")
+    _apply(gpu / "bench-h200.json", _set(["peers_available"], {"sdpa": {"available": True}}))
+    rc, out, _ = _report(capsys, with_baseline, "--check")
+    assert rc == 0, out
+    assert record.check_dir(gpu) == []
+    return with_baseline
+
+
+# (id, file, change, field named in the finding); each is also read by the record checker
+# when it is a GPU record field that the checker reads (``checker``)
+MORE_HOSTILE = [
+    ("backend-int", "gpu/h200.json", _set(["backend"], 5), "backend: expected a string, got an integer"),
+    ("kernel-label-a-list", "gpu/h200.json", _set(["kernel"], ["cuda"]), "kernel: expected a string, got a list"),
+    ("gpu-kill-cases-int", "gpu/mutants-h200.json", _set(["cases"], 5), "cases: expected a list, got an integer"),
+    ("gpu-kill-clean-failures-int", "gpu/mutants-h200.json", _set(["clean_failures"], 5),
+     "clean_failures: expected a list, got an integer"),
+    ("kill-clean-failures-not-names", "mutants-model.json",
+     lambda doc: doc.update(clean_ok=False, clean_failures=[1]),
+     "clean_failures[0]: expected a string, got an integer"),
+    ("per-call-window-string", "gpu/measure-h200.json", _set(["per_call", 0, "window"], "128"),
+     "per_call[0].window: expected an integer, got a string"),
+    ("per-call-past-len-float-inf", "gpu/measure-h200.json", _set(["per_call", 0, "past_len"], float("inf")),
+     "per_call[0].past_len: expected an integer, got inf"),
+    ("reliability-ok-null", "gpu/reliability-h200.json", _set(["ok"], None), "ok: expected true or false, got null"),
+    ("reliability-hash-int", "gpu/reliability-h200.json", _set(["kernel_source_hash"], 12345),
+     "kernel_source_hash: expected a string, got an integer"),
+    ("reliability-top-level-list", "gpu/reliability-h200.json", lambda doc: [doc],
+     "(top level): expected an object, got a list"),
+    ("bench-shapes-peer-ms-string", "gpu/bench-shapes-h200.json", _set(["shapes", 0, "peers", "sdpa", "ms"], "0.25"),
+     "shapes[0].peers.sdpa.ms: expected a finite number, got a string"),
+    ("bench-shapes-row-null", "gpu/bench-shapes-h200.json", _set(["shapes", 0], None),
+     "shapes[0]: expected an object, got null"),
+    ("mma-check-matrices-null", "gpu/mma-check-h200.json", _set(["mutants"], None),
+     "mutants: expected an object, got null"),
+    ("mma-check-mutants-int", "gpu/mma-check-h200.json", _set(["mutants", "wgmma_m16_b64", "mutants"], 5),
+     "mutants.wgmma_m16_b64.mutants: expected a list, got an integer"),
+]
+# fields only one of the two readers reads; every other field both read
+_ONLY_THE_REPORT = {"backend-int", "kernel-label-a-list", "gpu-kill-cases-int", "gpu-kill-clean-failures-int",
+                    "per-call-window-string", "per-call-past-len-float-inf"}
+_ONLY_THE_CHECKER = {"mma-check-matrices-null", "mma-check-mutants-int"}  # its kill matrices
+
+
+def _apply(path: Path, change) -> None:
+    doc = json.loads(path.read_text())
+    new = change(doc)
+    path.write_text(json.dumps(doc if new is None else new))  # inf is written as Infinity
+
+
+@pytest.mark.parametrize("ident,name,change,field", MORE_HOSTILE, ids=[h[0] for h in MORE_HOSTILE])
+def test_a_wrongly_typed_field_of_any_kind_is_a_failure(ident, name, change, field, all_kinds, capsys):
+    """Each kind of input, each field a reader uses: the reader that reads it (the report, the
+    record checker or both) names file and field, and the report leaves the file out."""
+    _apply(all_kinds / name, change)
+    rc, out, latest = _report(capsys, all_kinds, "--check")
+    if ident in _ONLY_THE_CHECKER:
+        assert rc == 0, out
+    else:
+        assert rc == 1, out
+        assert f"  failure: unreadable input: {name}: {field}" in out, out
+        assert name not in latest["inputs"]["runs"] + latest["inputs"]["kill_matrices"] + latest["inputs"]["gpu"]
+    if name.startswith("gpu/") and ident not in _ONLY_THE_REPORT:
+        problems = record.check_dir(all_kinds / "gpu")
+        assert f"{Path(name).name}: {field}" in problems, problems
+
+
+@pytest.mark.parametrize("kind_file,extra", [
+    ("reliability-h200.json", {"mutants": 5}),
+    ("reliability-h200.json", {"results": None}),
+    ("mma-check-h200.json", {"results": None}),
+], ids=["reliability-mutants-int", "reliability-results-null", "mma-check-results-null"])
+def test_a_failed_record_is_described_from_its_own_kinds_fields(kind_file, extra, all_kinds, capsys):
+    """A field a kind does not have is not read, even to describe a failed run: the record
+    is a failing GPU record, not a traceback."""
+    _apply(all_kinds / "gpu" / kind_file, lambda doc: doc.update(ok=False, **extra))
+    rc, out, _ = _report(capsys, all_kinds, "--check")
+    assert rc == 1, out
+    assert f"  failure: GPU record failing: gpu/{kind_file} (" in out or \
+        f"  regression: GPU record failing: gpu/{kind_file} (" in out, out
+    problems = record.check_dir(all_kinds / "gpu")
+    assert any(p.startswith(f"{kind_file}: the recorded run failed") for p in problems), problems
+
+
+@pytest.mark.parametrize("data", [b"[" * 100_000 + b"]" * 100_000, b'{"results": ' + b"7" * 5000 + b"}",
+                                  b'{"results": [], "kernel": "\xff"}'],
+                         ids=["nested-too-deep", "integer-too-long", "not-utf8"])
+def test_a_file_that_json_cannot_read_is_a_failure(data, all_kinds, capsys):
+    """JSON that Python's reader refuses with something other than a JSONDecodeError (too
+    deep, an integer past its digit limit, bytes that are not UTF-8): a failure naming the
+    file, in both readers."""
+    for name in ("run-model.json", "gpu/h200.json"):
+        (all_kinds / name).write_bytes(data)
+    rc, out, _ = _report(capsys, all_kinds, "--check")
+    assert rc == 1, out
+    for name in ("run-model.json", "gpu/h200.json"):
+        assert f"  failure: unreadable input: {name}: " in out, out
+    assert any(p.startswith("h200.json: unreadable: ") for p in record.check_dir(all_kinds / "gpu"))
+
+
+def test_a_baseline_that_json_cannot_read_is_a_usage_error(with_baseline, capsys):
+    (with_baseline / "baseline.json").write_text("[" * 100_000 + "]" * 100_000)
+    assert main(["report", "--in", str(with_baseline), "--out", str(with_baseline / "out"), "--check"]) == 2
+    assert "baseline: cannot read" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- --check on lost coverage
+
+def _drop_suite(d: Path):
+    _apply(d / "run-model.json", lambda doc: doc.update(results=[r for r in doc["results"]
+                                                                 if r["suite"] != "extended"]))
+    return ("regression: coverage lost: run-model.json: 3 cases in the baseline -> not in this report: "
+            "model extended/")
+
+
+def _delete_gpu_matrix(d: Path):
+    (d / "gpu" / "h200.json").unlink()
+    return ("regression: coverage lost: gpu/h200.json: 4 cases, 1 GPU record in the baseline -> "
+            "not in this report: ")
+
+
+def _drop_mutant(d: Path):
+    _apply(d / "mutants-model.json", lambda doc: doc.update(mutants=doc["mutants"][1:]))
+    return ("regression: coverage lost: mutants-model.json: 1 mutant in the baseline -> not in this report: "
+            "model / sink_ignored")
+
+
+def _drop_bench_peer(d: Path):
+    _apply(d / "gpu" / "bench-h200.json", lambda doc: doc["rows"][0]["peers"].pop("flex") and None)
+    return ("regression: coverage lost: gpu/bench-h200.json: 1 bench ratio in the baseline -> not in this "
+            "report: gptoss-past8192-w128 vs flex")
+
+
+@pytest.mark.parametrize("lose", [_drop_suite, _delete_gpu_matrix, _drop_mutant, _drop_bench_peer],
+                         ids=["suite-dropped", "gpu-record-deleted", "mutant-dropped", "bench-peer-dropped"])
+def test_check_fails_when_what_the_baseline_compared_is_gone(lose, with_baseline, capsys, no_matplotlib):
+    """A check that compares less than its baseline did fails: a CI step that stopped
+    running a suite, a deleted record, a mutant or a peer left out."""
+    want = lose(with_baseline)
+    rc, out, doc = _report(capsys, with_baseline, "--check")
+    assert rc == 1, out
+    lines = [line.strip() for line in out.splitlines() if line.startswith("  ")]
+    assert any(line.startswith(want) for line in lines), f"expected {want!r} in:\n{out}"
+    assert len(doc["findings"]) == 1, doc["findings"]
+
+
+def test_lost_coverage_of_an_unreadable_file_is_not_repeated(with_baseline, capsys, no_matplotlib):
+    _apply(with_baseline / "gpu" / "h200.json", _set(["results"], 5))
+    rc, out, doc = _report(capsys, with_baseline, "--check")
+    assert rc == 1
+    assert [f["what"] for f in doc["findings"]] == ["unreadable input"], doc["findings"]
+
+
+# --------------------------------------------------------------------------- --update-baseline
+
+def test_update_baseline_refuses_a_baseline_that_compares_nothing(tmp_path, capsys, no_matplotlib):
+    d = tmp_path / "reports"
+    d.mkdir()
+    rc = main(["report", "--in", str(d), "--out", str(d / "out"), "--update-baseline"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "report: baseline not updated: " in err and not (d / "baseline.json").exists()
+
+
+def test_update_baseline_refuses_while_an_input_is_unreadable(with_baseline, capsys, no_matplotlib):
+    """A baseline made without a broken file's rows would stop comparing them for good."""
+    before = (with_baseline / "baseline.json").read_bytes()
+    _apply(with_baseline / "run-model.json", _set(["results", 0, "rel_l2"], "x"))
+    rc = main(["report", "--in", str(with_baseline), "--out", str(with_baseline / "out"), "--update-baseline"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "report: baseline not updated: run-model.json is unreadable" in err, err
+    assert (with_baseline / "baseline.json").read_bytes() == before
+
+
+# --------------------------------------------------------------------------- writes
+
+def test_a_failed_write_of_latest_md_leaves_latest_json_as_it_was(with_baseline, capsys, monkeypatch,
+                                                                  no_matplotlib):
+    """latest.json and latest.md are replaced together: a write that fails (a full disk)
+    replaces neither, leaves no temporary file, and is one line on stderr, exit 1."""
+    import refattn.fileio
+
+    out_dir = with_baseline / "out"
+    before = {n: (out_dir / n).read_bytes() for n in ("latest.json", "latest.md")}
+    real = refattn.fileio.atomic_write_text
+
+    def full_disk(path, text):
+        if "latest.md" in Path(path).name:
+            raise OSError(28, "No space left on device")
+        return real(path, text)
+
+    monkeypatch.setattr(report, "atomic_write_text", full_disk)
+    rc = main(["report", "--in", str(with_baseline), "--out", str(out_dir), "--check"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "No space left on device" in err and "Traceback" not in err
+    assert {n: (out_dir / n).read_bytes() for n in before} == before
+    assert [p.name for p in out_dir.iterdir() if p.name.startswith(".")] == []
+
+
+def test_a_plot_that_fails_while_saving_leaves_no_partial_png(inputs_dir, tmp_path, capsys, monkeypatch):
+    """Each PNG goes through a temporary file and a rename: a savefig that fails halfway
+    leaves no truncated file in plots/, only a note."""
+    pytest.importorskip("matplotlib", reason="the plot extra (pip install refattn[plot]) is not installed")
+    from matplotlib.figure import Figure
+
+    d = tmp_path / "reports"
+    shutil.copytree(inputs_dir, d)
+
+    def half_written(self, fname, *a, **k):
+        data = b"\x89PNG\r\n\x1a\n half a plot"
+        if hasattr(fname, "write"):
+            fname.write(data)
+        else:
+            Path(fname).write_bytes(data)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Figure, "savefig", half_written)
+    rc, out, doc = _report(capsys, d)
+    assert rc == 0, out
+    assert list((d / "out" / "plots").glob("*.png")) == [] and doc["plots"]["written"] == []
+    assert any("No space left on device" in n for n in doc["plots"]["notes"]), doc["plots"]
+    assert [p.name for p in (d / "out" / "plots").iterdir()] == []
