@@ -9,7 +9,7 @@
 #                                              (only a Recommends of clang-19)
 #         libamdhip64-dev libamd-comgr2        ROCm 5.2: hiprtc (inside libamdhip64.so.5),
 #         rocm-device-libs                     comgr, HIP headers, device bitcode libraries
-#   shim  /opt/rocm-shim/lib/{libhiprtc.so,libamdhip64.so} -> libamdhip64.so.5  (DESIGN §6)
+#   shim  /opt/rocm-shim/lib/{libhiprtc.so,libamdhip64.so} -> libamdhip64.so.5  (it exports hiprtc)
 #   pip   hip-python==10.0.0.0.1.2             gfx90a / gfx1030 through hiprtc
 #         cuda-bindings, nvidia-cuda-nvrtc     sm_90 / sm_80 through NVRTC
 #         nvidia-cuda-nvdisasm                 the SASS of those builds (hipkernel.sass,

@@ -24,16 +24,16 @@ Work is counted as useful FLOPs::
 
 (row i at p = past_len + i sees p + 1 keys, min(p + 1, W) under a window; 2 FLOPs per
 multiply-add for q.k and for p.v). The numbers to read are the **device-event medians**
-(``--reps`` 30 calls after 5 warm-up calls, the launch queue held behind a GPU sleep so
-host launch overhead is outside the events): they are in each test's ``extra_info``
-(``device_ms``, ``tflops``) and in the summary table printed at the end of the module,
-with the fp16 GEMM and copy ceilings of the same run, the ratio to the best peer and the
-issue's targets. pytest-benchmark's own columns time the same call plus a device
-synchronize on the host clock, so they include launch and synchronize overhead. Each test
-times its implementation in one burst (pytest runs them one after another), where
-``refattn bench`` splits the calls over interleaved rounds so that every implementation
-meets the same clock drift (``hipkernel/bench.py``, "Interleaved rounds"): under the H200's
-power cap the bench's ratios are the ones to quote.
+(``--reps`` 30 calls after 5 warm-up calls, the launch queue held behind a GPU sleep so host
+launch overhead is outside the events): they are in each test's ``extra_info``
+(``device_ms``, ``tflops``) and in the summary table printed at the end of the module, with
+the fp16 GEMM and copy ceilings of the same run, the ratio to the best peer and the
+performance targets (``hipkernel.bench.TARGETS_MS``). pytest-benchmark's own columns time
+the same call plus a device synchronize on the host clock, so they include launch and
+synchronize overhead. Each test times its implementation in one burst (pytest runs them one
+after another), where ``refattn bench`` splits the calls over interleaved rounds so that
+every implementation meets the same clock drift (``hipkernel/bench.py``, "Interleaved
+rounds"): under the H200's power cap the bench's ratios are the ones to quote.
 
 A missed target is reported as MISS in the summary; with ``REFATTN_BENCH_STRICT=1`` it fails
 the hipkernel test (wall-clock targets are not gated by default).

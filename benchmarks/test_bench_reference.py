@@ -198,8 +198,8 @@ def _ort_session(c: Bench):
 
     ORT's layout: query (B, Sq, Hq*d), key/value (B, Sq, Hkv*d) for the new chunk, past_key/
     past_value (B, Hkv, past_len, d) BNSH, seqlens_k = total length - 1, and
-    local_window_size = W keys, self included (the convention of DESIGN §1; checked below
-    against the reference before anything is timed)."""
+    local_window_size = W keys, self included (the convention of docs/semantics.md,
+    Semantics; checked below against the reference before anything is timed)."""
     ort = pytest.importorskip("onnxruntime")
     onnx = pytest.importorskip("onnx")
     from onnx import TensorProto, helper

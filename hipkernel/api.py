@@ -8,7 +8,7 @@ Two levels:
 * :func:`attention` takes NumPy arrays shaped like ``refattn.attention`` and returns
   ``(status, out)``.
 
-The contract (DESIGN §3): the decline decision is made here, on the host, before any device
+The contract (docs/semantics.md, Kernel contract): the decline decision is made here, on the host, before any device
 call, so it is testable without a GPU. A decline launches nothing and leaves ``out``
 byte-identical. It declines what the kernel does not implement: a head dim outside
 ``HEAD_DIMS``, ``softcap > 0``, a dtype other than fp16. Invalid arguments are not declines:

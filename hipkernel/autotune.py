@@ -6,8 +6,8 @@ the mma path only on NVIDIA sm_80+), so the caller passes them per call; the key
 arch, so a cached winner is always one of its target's candidates.
 
 Key = (d, sq, Hq, G, window, dtype, arch). ``skv``/``past_len`` are deliberately NOT in
-the key: keying on them made a chunked 16k prefill (32 chunks of 512) run 32 sweeps in the
-seed PR; keyed this way it runs one, at the first chunk. The window IS in the key: it caps
+the key: keyed on them, a chunked 16k prefill (32 chunks of 512) would run 32 sweeps; keyed
+this way it runs one, at the first chunk. The window IS in the key: it caps
 the number of KV tiles a block walks, a different work profile that can change the winner.
 
 The KV length does change the winner where it is short (the H200 measured it: at 512 rows

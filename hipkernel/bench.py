@@ -3,12 +3,12 @@
 What is timed
 =============
 
-A *shape* is one prefill call (DESIGN §1): a chunk of ``Sq`` queries at absolute positions
-``past_len .. past_len + Sq - 1`` over a KV cache of ``skv = past_len + Sq`` keys, causal
-bottom-right, optionally a sliding window of ``W`` keys (self included). Shapes are named
-``FAMILY-SQ@PAST[-wW]``: ``gptoss-512@8192-w128`` is a 512-token chunk over an 8192-token
-cache with W = 128, at gpt-oss geometry (``gptoss``: Hq = 64, Hkv = 8, d = 64; ``d128``:
-Hq = 32, Hkv = 8, d = 128; B = 1, fp16).
+A *shape* is one prefill call (docs/semantics.md, Semantics): a chunk of ``Sq`` queries at
+absolute positions ``past_len .. past_len + Sq - 1`` over a KV cache of
+``skv = past_len + Sq`` keys, causal bottom-right, optionally a sliding window of ``W`` keys
+(self included). Shapes are named ``FAMILY-SQ@PAST[-wW]``: ``gptoss-512@8192-w128`` is a
+512-token chunk over an 8192-token cache with W = 128, at gpt-oss geometry (``gptoss``: Hq = 64, Hkv = 8, d = 64;
+``d128``: Hq = 32, Hkv = 8, d = 128; B = 1, fp16).
 
 For each shape, on the same fp16 arrays (timed in interleaved rounds, below):
 
@@ -74,18 +74,19 @@ all of an implementation's calls. The rounds' orders are a carryover-balanced (W
 design (``carryover_orders``): over 2n rounds (n for an even number n of implementations)
 each implementation runs first equally often and right after every other one equally often,
 so none always follows the same one. The order matters: an implementation timed right after
-a heavier one meets a hotter, slower clock. With the order only rotated a place a round
-(this default before session 29), hipkernel without the sink, timed right after it with the
-sink in two rounds of three, took d128 16384@0 6.5 and 8.4 % longer than with it in two
-records (1.6-6.9 % in four benches of one call), although the kernel is the same (in the
-same process, bursts of back-to-back launches: 3.97-3.98 ms either way;
-reports/wip/session29/call6). An H200 running a long full-attention shape back to back sits
-at its power cap, and its SM clock drifts over seconds (1860-1875 MHz, dips to 1620, against
-1980 idle, in session 25's sampling): timed one after another in one burst each, the
-implementations met different clocks. In the record that made this the default (kernel
-``b4bdd5e4``, one burst each), hipkernel's d128 16384@0 took 4.129 ms with the sink and
-4.575 without, for nearly the same work, and cuDNN's time on that shape moved from 3.469 ms
-in the record before to 4.063. ``--rounds 1`` is the oldest order (one burst each).
+a heavier one meets a hotter, slower clock. With the order only rotated a place a round,
+hipkernel without the sink, timed right after it with the sink in two rounds of three, took
+d128 16384@0 6.5 % longer than with it in the bench record of kernel ``12c05f25`` (3.806
+against 3.574 ms; 8.4 % in another record, 1.6-6.9 % in four more benches), although the
+kernel does not depend on the sink mode (in the same process, bursts of back-to-back
+launches: 3.97-3.98 ms either way); with the balanced order the two were 3.827 and 3.825
+ms. An H200 running a long full-attention shape
+back to back sits at its power cap, and its SM clock drifts over seconds (sampled at
+1860-1875 MHz with dips to 1620, against 1980 idle): timed one after another in one burst
+each, the implementations met different clocks. In the bench record of kernel ``b4bdd5e4``
+(one burst each), hipkernel's d128 16384@0 took 4.129 ms with the sink and 4.575 without,
+for nearly the same work, and cuDNN's time on that shape moved from 3.469 ms in the record
+before to 4.063. ``--rounds 1`` is that order (one burst each).
 
 FLOPs (useful work only, what FlashAttention's benchmarks count)::
 
@@ -99,8 +100,9 @@ FLOPs) and device-to-device copy (1 GiB, bytes read + bytes written).
 
 Output: a table (time, TF/s, the no-sink time, each peer, the best peer and the ratio
 hipkernel / best peer, taken in the best peer's sink mode; < 1 means hipkernel is faster),
-the issue's targets with hit/miss, and a GPU record (``hipkernel.record.stamp("bench", ...)``)
-written to ``--json`` (default ``reports/gpu/bench-h200.json`` on an H200).
+the performance targets (``TARGETS_MS``) with hit/miss, and a GPU record
+(``hipkernel.record.stamp("bench", ...)``) written to ``--json`` (default
+``reports/gpu/bench-h200.json`` on an H200).
 
 This is the one ``refattn`` module that drives hipkernel directly (its resident buffers and
 its record stamp); it imports hipkernel and torch lazily, only when the benchmark runs, so
@@ -139,7 +141,7 @@ FAMILIES = {
     "d128": dict(B=1, Hq=32, Hkv=8, d=128),    # the kernel's other compiled head dim
 }
 
-# The issue's targets for hipkernel with a per-head sink (ms per call), and its flatness
+# The performance targets for hipkernel with a per-head sink (ms per call), and its flatness
 # requirement: the windowed 512-token chunk must cost the same wherever it sits in the cache.
 TARGETS_MS = {
     "gptoss-512@8192": 0.25,
@@ -856,7 +858,7 @@ class FlexPeer:
 
     def block_mask(self, shape: Shape):
         """Causal bottom-right (key j visible iff j <= p, p = past_len + i), and j >= p - W + 1
-        under a window: DESIGN §1's visibility as flex mask_mods."""
+        under a window: the visibility of docs/semantics.md (Semantics) as flex mask_mods."""
         past, W = shape.past_len, shape.window
 
         def causal(b, h, q_idx, kv_idx):
@@ -1149,7 +1151,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = (
         "Time the fused kernel and its torch peers (SDPA flash, SDPA cuDNN, FlexAttention)\n"
         "in one process on the same inputs, with device events (median of --reps calls);\n"
-        "print time, TF/s and the ratio to the best peer, judge the issue's targets, and\n"
+        "print time, TF/s and the ratio to the best peer, judge the performance targets, and\n"
         "write a GPU record. Work is counted as\n\n"
         "    FLOPs = 4 * d * Hq * B * sum_rows(visible keys of the row)\n\n"
         "where row i (position p = past_len + i) sees p + 1 keys, min(p + 1, W) under a\n"

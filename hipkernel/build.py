@@ -20,8 +20,8 @@ NVIDIA sm_80+ targets, the only ones it is written for:
     gfx1151/942 clang-19 ``-x hip --offload-device-only``  ``-Rpass-analysis=kernel-resource-usage``
     ==========  =========================================  ===================================
 
-(ROCm 5.2's hiprtc aborts on gfx11xx, hence clang there; DESIGN §6.) A target may be forced
-to a compiler with ``target@tool`` (``gfx90a@clang``).
+(ROCm 5.2's hiprtc, through its old comgr, aborts on gfx11xx, hence clang there.) A target
+may be forced to a compiler with ``target@tool`` (``gfx90a@clang``).
 
 Exit status: 1 on any compile error or any register spill, else 0. A target whose compiler is
 missing is reported ``skipped: <reason>``; it fails the run only under ``--require-all``.
@@ -29,8 +29,8 @@ missing is reported ``skipped: <reason>``; it fails the run only under ``--requi
 clang is first run bare (``-nogpuinc -nogpulib``: the kernel's ``portable.h`` needs no HIP
 header and no device library). A kernel that does need them is retried with the ROCm HIP
 headers, then against a private copy of the system's device libraries with the
-``oclc_isa_version_<gfx>.bc`` that ROCm 5.2 lacks generated into it (DESIGN §6; see
-:class:`ClangHip`).
+``oclc_isa_version_<gfx>.bc`` that ROCm 5.2 lacks generated into it (a one-line OpenCL
+constant ``__oclc_ISA_version``, :func:`isa_version`; see :class:`ClangHip`).
 
 Each compile runs in a worker process (one per CPU), slowest compiler first (NVRTC, whose
 ptxas dominates); a process also isolates a compiler that crashes. The whole default matrix

@@ -114,7 +114,7 @@ WGMMA_RESCALE_LOG2 = 8
 # ROWSUM_MMA): l += P . 1, one m64n8k16 wgmma a 16-key step beside P.V's, against a 2 KiB
 # block of fp16 ones after the K/V stages (before their mbarriers): l then sums the fp16 P
 # that P.V multiplies (hipkernel.model follows), and the softmax loses its FADD a score. On
-# the H200 (wgmma_m16_b64, same process and inputs, reports/wip/session29 calls 1-3) 16384@0
+# the H200 (wgmma_m16_b64, same process and inputs, three runs) 16384@0
 # ran 1.0-1.5 % faster (4.93-4.97 against 5.00-5.05 ms), 512@8192 0.5-1.3 %, 4096@8192
 # 1.6-2.3 %; at d = 128 (the ws tile, whose consumers then spilled 8 bytes) 3.5 % slower.
 WGMMA_ROWSUM_HEAD_DIMS = (64,)
@@ -443,7 +443,7 @@ WIDE_HEAD_DIMS = (64,)
 # mma with GQA packing: a block's 64 rows are 16 positions of 4 heads, or 8 of 8, which share
 # their K/V tiles; under a window a block then walks the KV tiles of 16 (8) positions rather
 # than 64. Bit-identical to mma_m4_b32 (the tiles a row sees are the same aligned tiles). On
-# the H200 (d 64 gpt-oss, kernel-only, reports/ab/gqa-pack-w128.json): 16384@0 window 128
+# the H200 (d 64 gpt-oss, kernel-only, same process): 16384@0 window 128
 # mma_m4_b32 0.3099 ms, _p4 0.2859, _p8 0.2891; 4096@8192 window 128 0.0840, 0.0788, 0.0790;
 # wider tiles lose (m8_b32_p8 0.306, m4_b64_p8 0.327, m1_b32_p8 0.455). Full attention gains
 # 1-2 % (mma_m8_b64_w2 7.49 -> 7.37 ms at 16384@0), not enough to matter next to wgmma.
@@ -452,9 +452,10 @@ MMA_PACK_CANDIDATES = tuple(KernelConfig(4, 32, "mma", pack=p) for p in (4, 8))
 # The packed tiles walking 4 Q tiles a block: under a window, the K/V tiles that consecutive
 # Q tiles share stay in a ring of 5 (48 KiB at d = 64; at d = 128 two K + V tiles fill it, so
 # there is no ring and they are not offered). Bit-identical to the unwalked tile. On the H200
-# (kernel-only, mean of two passes, reports/ab/qwalk-final-w128.json): 16384@0 window 128
+# (kernel-only, mean of two passes): 16384@0 window 128
 # mma_m4_b32_p4 0.2720 ms, _p4_q4 0.2381, _p8_q4 0.2323; 4096@8192 window 128 0.0734,
-# 0.0664, 0.0651. Walking 2 or 8 Q tiles paid a little less than 4 (reports/ab/qwalk-w128.json).
+# 0.0664, 0.0651. Walking 2 or 8 Q tiles paid a little less than 4 (0.2455 and 0.2435 against
+# 0.2414 ms for mma_m4_b32_p4 at 16384@0 window 128).
 MMA_WALK_CANDIDATES = tuple(replace(c, walk=4) for c in MMA_PACK_CANDIDATES)
 WALK_HEAD_DIMS = (64,)
 
@@ -480,11 +481,10 @@ WGMMA_CANDIDATES = tuple(WGMMA_BY_HEAD_DIM.values())
 # of them; a block of one warpgroup walks 4 such steps over keys it stages once. Offered for
 # the windows whose span fits one chunk (``KernelConfig.spans_window``), at d = 64 (at d = 128
 # G = 4 packs 4 heads, 16 positions, whose 143 keys do not fit). On the H200, same process
-# (reports/ab/wgspan-walk-w128.json, before the block-wise mask): 16384@0 window 128 0.1751
-# ms against 0.2341 for mma_m4_b32_p8_q4; walking 1, 2 and 8 steps 0.2113, 0.2018, 0.1773;
-# with the mask 0.1706 (reports/ab/wgspan-mask-fresh-w128.json).
-# Session 28 (18 % fewer instructions a step: the mask's edges, the staged epilogue, one
-# factor a row): 0.1383 against 0.1705 (reports/wip/session28/call2/ab-span.json).
+# (before the block-wise mask): 16384@0 window 128 0.1751 ms against 0.2341 for
+# mma_m4_b32_p8_q4; walking 1, 2 and 8 steps 0.2113, 0.2018, 0.1773; with the mask 0.1706.
+# 18 % fewer instructions a step (the mask's edges, the staged epilogue, one factor a row,
+# kernel beef206b): 0.1383 against 0.1705.
 WGSPAN_CANDIDATES = (KernelConfig(4, 136, "wgspan", pack=8, walk=4),)
 WGSPAN_HEAD_DIMS = (64,)
 

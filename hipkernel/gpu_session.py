@@ -1,4 +1,4 @@
-"""One GPU session: everything the committed GPU records need, in one process.
+"""Everything the committed GPU records need, in one process.
 
     PYTHONPATH=. python -m hipkernel.gpu_session --out DIR [--only matrix,mutants,measure]
 

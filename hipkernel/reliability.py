@@ -16,7 +16,7 @@ a ``reliability`` record (``hipkernel.record``):
   has no reason to differ; one that does would make every other GPU record irreproducible.
 * :func:`fuzz` draws ``n`` random geometries (:func:`random_geometry`), runs the kernel on
   each with a NaN-prefilled output buffer, and judges it against the fp64 reference under
-  the derived gate (DESIGN §4): ``metrics.compare`` against
+  the derived gate (docs/semantics.md, Tolerance model): ``metrics.compare`` against
   ``reference.attention_with_baseline``. Each failure carries its :class:`Geometry`, and
   ``run_one(be, Geometry(**failure["geometry"]))`` reproduces it.
 * ``python -m hipkernel.reliability --sanitize-target`` (:func:`sanitize_target`) is the

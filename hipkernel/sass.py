@@ -12,8 +12,9 @@ That last count is why this module exists. Under ``OVERLAP`` (kernels/gqa_flash_
 a consumer issues tile t's Q·Kᵀ and tile t − 1's P·V, waits for the first
 (``wgmma.wait_group 1``: SASS ``WARPGROUP.DEPBAR.LE gsb0, 0x1``), runs tile t's softmax, and
 only then waits for the P·V (``wait_group 0``: ``... gsb0, 0x0``). Waiting early is always
-legal, and ptxas did it: through sessions 27-29 it put the second wait right after the first,
-ahead of every exp2, so the softmax never ran under the P·V (the PTX had the order right).
+legal, and ptxas did it: in kernel sources ``2ee6512e`` to ``7149d8c1`` it put the second
+wait right after the first, ahead of every exp2, so the softmax never ran under the P·V (the
+PTX had the order right).
 ``hk_wgmma_wait_all_after`` in kernels/wgmma.h pins it; :func:`exp2_between_waits` is the
 check that it still holds (tests/test_sass.py, for every config with ``OVERLAP`` on).
 """

@@ -1,20 +1,21 @@
-"""How the GPU test suite scales over several GPUs (issue #9): ``pytest -n N --dist loadgroup``
+"""How the GPU test suite scales over several GPUs: ``pytest -n N --dist loadgroup``
 timed at each worker count N, on a warm compile cache, next to the host facts that explain it.
 
     python -m hipkernel.scaling --out DIR [--workers 1,2] [--fuzz-shards 20] [--per-shard 100]
                                 [--suites seed,extended,contracts] [--timeout S]
 
-Issue #9 asks for a speed-up of at least 1.8x on two H200s. The first measurement
-(reports/gpu/scaling-h200x2.json, 1.06x) had two confounds, which this tool removes or records:
+The target is a speed-up of at least 1.8x on two H200s (``TARGET_SPEEDUP``). Timed plainly (the
+two-worker run first, on a cold cache), two H200s measured 1.06x; two confounds explain it,
+which this tool removes or records:
 
-* The compile cache. The n=2 run went first, on a cold ``$HIPKERNEL_CACHE_DIR``, and paid the
-  NVRTC compiles that the n=1 run then read from disk. So before any timed run one child
+* The compile cache. Whichever run goes first on a cold ``$HIPKERNEL_CACHE_DIR`` pays the
+  NVRTC compiles that the other then reads from disk. So before any timed run one child
   process compiles every module the runs can need (each head dim of ``config.HEAD_DIMS`` x
   each config of ``config.candidates(arch)``) into the disk cache, and that warm-up is timed
   on its own. It runs in a child so that this process holds no GPU context during the runs.
 * The host's CPUs. Every worker checks the kernel against the fp64 reference (a thread pool)
   and NumPy (OpenBLAS: by default one spinning thread per host CPU, in every worker).
-  Pinned workers now take ``REFATTN_THREADS = min(8, usable CPUs // N)`` and hold BLAS and
+  Pinned workers take ``REFATTN_THREADS = min(8, usable CPUs // N)`` and hold BLAS and
   OpenMP to the same share (``refattn.sharding.pin_environment``); the record keeps
   ``os.cpu_count``, the affinity mask, the cgroup quota, the load average and each run's
   thread count. Measured on 2 H200s (32 CPUs): with only the compile cache warmed, 1.20x
@@ -57,7 +58,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TARGET_SPEEDUP = 1.8  # issue #9: two H200s at least 1.8x faster than one
+TARGET_SPEEDUP = 1.8  # two H200s at least 1.8x faster than one
 TEST_FILES = ("tests/test_matrix.py", "tests/test_fuzz.py")
 DEFAULT_SUITES = ("seed", "extended", "contracts")
 SLOWEST_KEPT = 5  # per run, the slowest tests named in the record

@@ -2,7 +2,7 @@
 
 The reference (`refattn.reference`), the oracle (`refattn.oracle`), the CPU model of the
 fused kernel (`hipkernel.model`) and the kernel API (`hipkernel.api`) all take the same
-arguments with the same meaning (DESIGN §1). They all validate them here, so a bad call is
+arguments with the same meaning (docs/semantics.md, Semantics). They all validate them here, so a bad call is
 rejected the same way everywhere, with a `ValueError` whose message starts with the name of
 the offending argument and says what was expected. Nothing is computed before this passes.
 

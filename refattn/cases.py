@@ -42,7 +42,7 @@ occupy, so a sink sometimes dominates a row and sometimes vanishes), drawn from
 ``default_rng(seed)`` in that order. The sink is drawn last, so cases that differ only in
 the sink see identical q/k/v. Everything is rounded through the case dtype before anyone sees
 it (the sink through fp16, as the kernel ABI carries it), so kernel and reference get the same
-numbers (DESIGN §1). The KV cache carries spare capacity filled with NaN canaries, and the
+numbers (docs/semantics.md, Semantics). The KV cache carries spare capacity filled with NaN canaries, and the
 output buffer is pre-filled with a NaN canary bit pattern, so reads past ``skv`` and writes
 on a decline are both visible.
 """

@@ -369,7 +369,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "run": Subcommand(
         "run a kernel over the case matrix", _run_args, _run_run,
         description="Run a kernel over the cases of one or more suites and judge every output "
-                    "against the fp64 reference under the derived gate (DESIGN §4).",
+                    "against the fp64 reference under the derived gate (docs/semantics.md, Tolerance model).",
         epilog="examples:\n"
                "  refattn run                                   # best kernel, seed suite\n"
                "  refattn run --kernel model --suite seed --suite extended\n"

@@ -1,4 +1,4 @@
-"""Error metrics and the tolerance model (DESIGN §4).
+"""Error metrics and the tolerance model (docs/semantics.md, Tolerance model).
 
 A kernel's output is judged against the fp64 reference by three numbers:
 

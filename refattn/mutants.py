@@ -1,4 +1,4 @@
-"""The mutant catalogue: classic bugs of a fused flash-attention prefill kernel (DESIGN §5).
+"""The mutant catalogue: classic bugs of a fused flash-attention prefill kernel (docs/semantics.md, Mutant catalogue).
 
 Each mutant is one deliberate bug, switchable in both implementations of the kernel's
 algorithm: as a flag of the CPU model (``hipkernel.model.attention(..., mutants={name})``)

@@ -1,5 +1,5 @@
 """The oracle: GQA attention evaluated in mpmath, one query row at a time, straight from the
-formula of DESIGN §1. It exists to validate `refattn.reference` and is only for tiny shapes.
+formula of docs/semantics.md (Semantics). It exists to validate `refattn.reference` and is only for tiny shapes.
 
 For batch b, query row i (absolute position p = past_len + i), query head h reading KV head
 h // G, with G = Hq // Hkv:

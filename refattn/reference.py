@@ -1,7 +1,7 @@
 """The reference: GQA attention with sinks, smooth softmax, sliding windows and chunked
 prefill, in fp32 or fp64 NumPy.
 
-Semantics (DESIGN §1, ONNX Runtime GroupQueryAttention):
+Semantics (docs/semantics.md, ONNX Runtime GroupQueryAttention):
 
     p = past_len + i                                   absolute position of query row i
     s_j = scale * q . k_j   (then softcap * tanh(s_j / softcap) when softcap > 0)
@@ -86,7 +86,7 @@ def attention(q, k, v, *, past_len, window=-1, sink=None, smooth_softmax=False, 
 def attention_with_baseline(q, k, v, *, past_len, window=-1, sink=None, smooth_softmax=False,
                             softcap=0.0, scale=None) -> tuple[np.ndarray, np.ndarray]:
     """The fp64 reference and, from the same scores, the low-precision baseline of the
-    tolerance model (DESIGN §4): P = e^(s - m) rounded to fp16 before P.V, the denominator
+    tolerance model (docs/semantics.md): P = e^(s - m) rounded to fp16 before P.V, the denominator
     from unrounded P, and the output rounded to fp16 (returned as float64)."""
     a = check_attention_args(q, k, v, past_len=past_len, window=window, sink=sink,
                              smooth_softmax=smooth_softmax, softcap=softcap, scale=scale)

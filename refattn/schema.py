@@ -1,7 +1,7 @@
 """The shapes of the JSON documents the harness writes and reads back, checked at read time.
 
 ``refattn report`` and ``python -m hipkernel.record --check`` read files that a run, a kill
-matrix or a GPU session wrote, and that a person or a merge may have edited since. Each file
+matrix or a GPU run wrote, and that a person or a merge may have edited since. Each file
 is checked here once, when it is read: a field of the wrong type (``"results": 5``, a hash
 given as a number, a bench time given as a string, ``"rel_l2": Infinity``) is a problem
 ``FIELD: why`` naming the field's path (``results[3].rel_l2``), and the file is then left out,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Every GPU record that changes with the kernel, on one H200 (the device tool's kind
-# nvidia-h200) in ONE call of under 10 minutes, where h200x2_records.sh and
-# h200x2_reliability.sh with ONE_GPU=1 take two (411 + 420 s in session 23):
+# Every GPU record that changes with the kernel, on one H200, in one run of under 10 minutes
+# (416 s measured; h200x2_records.sh and h200x2_reliability.sh with ONE_GPU=1 take 411 + 420 s
+# as two runs):
 #   1. prewarm the disk cache (mma_check's records and mutants sections)
 #   2. untimed, all at once on the GPU:
 #        hipkernel.gpu_session --only matrix,mutants (no tuning)  -> rec/mutants-h200.json
@@ -10,9 +10,9 @@
 #        compute-sanitizer racecheck and memcheck, each until its limit -> rel/*.log
 #   3. alone: hipkernel.gpu_session --only matrix,measure,bench (tunes, then times), then
 #      --only reliability with the two logs                        -> rel/
-#   4. rec/ and rel/ packed into $OUT/records.tgz (the device tool brings back 8 files)
-# Here, after the call:
-#   mkdir d && tar xzf FILES_AT/records.tgz -C d && python -m hipkernel.record --collect d/rec d/rel
+#   4. rec/ and rel/ packed into one file, $OUT/records.tgz
+# Then, on the machine that collects the records:
+#   mkdir d && tar xzf records.tgz -C d && python -m hipkernel.record --collect d/rec d/rel
 #   OUT=dir bash scripts/h200_records_one_call.sh
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1 HIPKERNEL_CACHE_DIR=${HIPKERNEL_CACHE_DIR:-/tmp/hkcache}

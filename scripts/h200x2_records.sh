@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU records that change with the kernel, in one call on a 2-GPU H200 machine
-# (the device tool's kind nvidia-h200-x2), both GPUs busy at once:
+# The GPU records that change with the kernel, in one run on a 2-GPU H200 machine, both GPUs
+# busy at once:
 #   GPU 0  hipkernel.gpu_session --only matrix,mutants,measure,bench
 #          -> h200.json, mutants-h200.json, measure-h200.json, bench-h200.json
 #   GPU 1  scripts/mma_check.py --sections mutants,sweep (kill matrix with the mma configs
@@ -8,14 +8,12 @@
 # Every module both need is compiled first, in parallel, into one disk cache.
 #   OUT=dir bash scripts/h200x2_records.sh        (each part under its own time limit)
 #   ONE_GPU=1 OUT=dir bash scripts/h200x2_records.sh   (one H200: the parts in turn on GPU 0)
-#   PARTS=session (or mma_check) ONE_GPU=1 OUT=dir ...  (one part only: where the two in turn
-#          outlast one call, run them in two calls into two dirs and merge them into one)
-# On one H200 both parts fit one call: ONE_GPU=1 OUT=$OUT/rec ... took 308 s in session 22
-# (prewarm 28 s, session 126 s, mma_check's seven kill matrices 116 s and sweep 37 s), then
-# h200x2_reliability.sh in a second call.
-# The device tool brings back at most 8 files of its $OUT: both parts write 8 (gpus.csv,
-# mma.log, session.log, 4 JSON and mma_check.json), so a call that also runs something else
-# writes it elsewhere.
+#   PARTS=session (or mma_check) ONE_GPU=1 OUT=dir ...  (one part only: where a run has a time
+#          limit the two in turn outlast, run them one at a time into two dirs and merge them)
+# On one H200 both parts take about 5 minutes: ONE_GPU=1 OUT=$OUT/rec ... took 308 s (prewarm
+# 28 s, gpu_session 126 s, mma_check's seven kill matrices 116 s and sweep 37 s), then
+# h200x2_reliability.sh runs after it.
+# Both parts write 8 files to $OUT (gpus.csv, mma.log, session.log, 4 JSON and mma_check.json).
 # Into reports/gpu/, with this script's, h200x2_reliability.sh's and hipkernel.scaling's outputs:
 #   python -m hipkernel.record --collect REC_DIR REL_DIR SCALING_JSON
 set -u
@@ -24,11 +22,11 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1 HIPKERNEL_CACHE_DIR=${HIPKERNEL_CACHE_DIR
 mkdir -p "$OUT" || exit 2
 LIMIT=${LIMIT:-450}
 # MMA_JOBS: processes for mma_check's kill matrices, one forced config each, all on its GPU
-# (they time nothing; one at a time the five took 475 s, then more than 540 s of an H200
-# call; five at once 141 s; the seven of session 22, two of them the emulated AMD kernel,
-# 116 s at once). The sweep after them runs alone.
+# (they time nothing; one at a time five of them took 475 s, and more than 540 s on a later
+# kernel; five at once 141 s; seven, two of them the emulated AMD kernel, 116 s at once).
+# The sweep after them runs alone.
 MMA_JOBS=${MMA_JOBS:-7}
-# ONE_GPU=1: a machine with one H200 (nvidia-h200) runs the two parts one after the other on
+# ONE_GPU=1: a machine with one H200 runs the two parts one after the other on
 # GPU 0 (about twice the time; each part keeps its own LIMIT).
 ONE_GPU=${ONE_GPU:-0}
 GPU_B=1

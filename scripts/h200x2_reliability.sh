@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# compute-sanitizer over seed + extended and the records that depend on the tuner, in one call
-# on a 2-GPU H200 machine (the device tool's kind nvidia-h200-x2):
+# compute-sanitizer over seed + extended and the records that depend on the tuner, in one run
+# on a 2-GPU H200 machine:
 #   GPU 1  racecheck over every case, cheapest first, until RACE_LIMIT s   -> racecheck.log
 #   GPU 0  memcheck (--leak-check full) over every case, cheapest first, until MEM_LIMIT s
 #          -> memcheck.log; then hipkernel.gpu_session --only matrix,measure,bench
@@ -9,8 +9,9 @@
 # the launches it checked (hipkernel.reliability.record_body).
 #   OUT=dir bash scripts/h200x2_reliability.sh
 #   ONE_GPU=1 OUT=dir bash scripts/h200x2_reliability.sh   (one H200)
-# On one H200 racecheck over every launch does not fit one 10-minute call with the rest: run it
-# alone first, then the rest with its log (carried into the tree, e.g. untracked under diag/):
+# On one H200 racecheck over every launch and the rest take more than 10 minutes: where a run
+# has that limit, run racecheck alone first, then the rest with its log (carried into the
+# tree, e.g. untracked under diag/):
 #   PARTS=racecheck RACE_LIMIT=560 ONE_GPU=1 OUT=dir1 bash scripts/h200x2_reliability.sh
 #   RACECHECK_LOG=diag/racecheck.log ONE_GPU=1 OUT=dir2 bash scripts/h200x2_reliability.sh
 set -u
@@ -19,8 +20,8 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1 HIPKERNEL_CACHE_DIR=${HIPKERNEL_CACHE_DIR
 mkdir -p "$OUT" || exit 2
 RACE_LIMIT=${RACE_LIMIT:-470}
 MEM_LIMIT=${MEM_LIMIT:-360}
-# ONE_GPU=1: a machine with one H200 (nvidia-h200): both sanitizers on GPU 0 at once, then
-# the timed session alone.
+# ONE_GPU=1: a machine with one H200: both sanitizers on GPU 0 at once, then
+# the timed gpu_session alone.
 ONE_GPU=${ONE_GPU:-0}
 GPU_B=1
 [ "$ONE_GPU" = 1 ] && GPU_B=0
@@ -30,7 +31,7 @@ python3 scripts/mma_check.py --sections records --prewarm-only > "$OUT/session.l
 echo "prewarm done after $(( $(date +%s) - t0 )) s" >> "$OUT/session.log"
 KERNEL_LINE="kernel source $(python3 -c 'from hipkernel.api import source_hash; print(source_hash())')"
 racecheck() {
-    echo "$KERNEL_LINE" > "$OUT/racecheck.log"  # what RACECHECK_LOG checks in a later call
+    echo "$KERNEL_LINE" > "$OUT/racecheck.log"  # what RACECHECK_LOG checks in a later run
     CUDA_VISIBLE_DEVICES=$GPU_B HIPKERNEL_TUNE=0 timeout -k 15 "$RACE_LIMIT" compute-sanitizer --tool racecheck \
         --error-exitcode 3 $TARGET >> "$OUT/racecheck.log" 2>&1
     echo "racecheck exit $? after $(( $(date +%s) - t0 )) s" >> "$OUT/racecheck.log"
@@ -55,7 +56,7 @@ elif [ "$PARTS" != all ]; then
     echo "PARTS: expected all or racecheck, got $PARTS" >&2
     exit 2
 fi
-if [ -n "$RACECHECK_LOG" ]; then  # an earlier call's racecheck of this tree: no second one
+if [ -n "$RACECHECK_LOG" ]; then  # an earlier run's racecheck of this tree: no second one
     if [ "$(head -n 1 "$RACECHECK_LOG")" != "$KERNEL_LINE" ]; then
         echo "RACECHECK_LOG: $RACECHECK_LOG is not a racecheck of this $KERNEL_LINE" >&2
         exit 2

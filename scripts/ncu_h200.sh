@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Nsight Compute on the H200: what limits the autotuned configs on the bench shapes that
-# miss their targets. One report per shape (the third launch of the config: two warm-ups).
+# Nsight Compute on the H200: what limits the autotuned configs on the bench shapes. One
+# report per shape (the third launch of the config: two warm-ups).
 #   OUT=dir bash scripts/ncu_h200.sh                       (the specs below)
 #   OUT=dir bash scripts/ncu_h200.sh "gptoss-16384@0 wgmma_m16_b64" ...   (these only)
 set -u
@@ -10,7 +10,7 @@ mkdir -p "$OUT" || exit 2
 SECTIONS="--section SpeedOfLight --section Occupancy --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section LaunchStats"
 METRICS="--metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum.pct_of_peak_sustained_elapsed,smsp__warp_issue_stalled_barrier_per_warp_active.pct,smsp__warp_issue_stalled_short_scoreboard_per_warp_active.pct,smsp__warp_issue_stalled_math_pipe_throttle_per_warp_active.pct,smsp__warp_issue_stalled_long_scoreboard_per_warp_active.pct,smsp__warp_issue_stalled_mio_throttle_per_warp_active.pct"
 [ $# -gt 0 ] || set -- "gptoss-16384@0 wgmma_m16_b64" "gptoss-512@8192 wgmma_m16_b64" \
-    "gptoss-16384@0-w128 mma_m4_b32_p8_q4" "d128-16384@0 wgmma_m8_b128_ws"
+    "gptoss-16384@0-w128 wgspan_m4_b136_p8_q4" "d128-16384@0 wgmma_m8_b128_ws"
 for spec in "$@"; do
   set -- $spec
   echo "== $1 $2"

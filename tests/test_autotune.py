@@ -1,5 +1,5 @@
-"""Autotune cache keys (DESIGN §3): one sweep per (d, sq, Hq, G, window, dtype, arch), never
-per skv; the window is in the key; tuning launches omit the sink."""
+"""Autotune cache keys (docs/semantics.md, Kernel contract): one sweep per (d, sq, Hq, G,
+window, dtype, arch), never per skv; the window is in the key; tuning launches omit the sink."""
 
 import pytest
 

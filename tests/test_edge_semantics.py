@@ -1,5 +1,5 @@
-"""Edge semantics of DESIGN §1, each checked twice: the reference against the mpmath oracle,
-and the fused kernel's CPU model against the reference.
+"""Edge semantics of docs/semantics.md (Semantics), each checked twice: the reference against
+the mpmath oracle, and the fused kernel's CPU model against the reference.
 
 ``impl = "reference"``: the fp64 reference (``refattn.attention``) against
 ``refattn.oracle.attention_mp``, gate relL2 <= 1e-12, or max-abs <= 1e-12 where the oracle's
@@ -9,9 +9,9 @@ output is ~0 (a dominating sink: relL2 of a ~0 vector means nothing).
 default config / the tensor-core path's, which rounds P to fp16 before P.V) on fp16 inputs
 (cache padded with NaN canaries) against the fp64 reference of the same fp16 values under the
 derived gate
-(``refattn.metrics.compare`` with ``refattn.reference.attention_with_baseline``, DESIGN
-§4). It is skipped, with the reason, where the kernel's contract declines
-(``hipkernel.api.decline_reason``: d in {64, 128}, fp16, no softcap).
+(``refattn.metrics.compare`` with ``refattn.reference.attention_with_baseline``,
+docs/semantics.md, Tolerance model). It is skipped, with the reason, where the kernel's
+contract declines (``hipkernel.api.decline_reason``: d in {64, 128}, fp16, no softcap).
 
 Inputs are fp16 values, so the oracle, the reference and the model see identical numbers.
 Where the edge has a closed form (a sink that zeroes the output, a window of one key, equal

@@ -1,10 +1,10 @@
-"""Fuzzing, and the reliability tools the GPU session runs (hipkernel/reliability.py).
+"""Fuzzing, and the reliability tools hipkernel.gpu_session runs (hipkernel/reliability.py).
 
 Three fuzzers, each against the next level of trust down:
 
 * the reference (fp64) against the mpmath oracle on random tiny geometries: every option of
-  DESIGN §1 at once (B, Sq, Hq, Hkv, d, past_len, window, sink mode, softcap, scale), gate
-  relL2 <= 1e-12, or max-abs <= 1e-12 where the oracle's output is ~0 (a dominating sink);
+  docs/semantics.md (Semantics) at once (B, Sq, Hq, Hkv, d, past_len, window, sink mode,
+  softcap, scale), gate relL2 <= 1e-12, or max-abs <= 1e-12 where the oracle's output is ~0 (a dominating sink);
 * the CPU model, through the ``model`` adapter on ``refattn.cases.make_inputs`` (NaN
   canaries in the cache padding and the output buffer), against the fp64 reference under
   the derived gate (``metrics.compare`` with ``reference.attention_with_baseline``);

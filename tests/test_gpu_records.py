@@ -40,8 +40,8 @@ def test_checker_flags_stale_and_failing_records():
 
 
 def test_a_bench_record_without_any_peer_is_flagged():
-    """The committed bench must compare: a run whose torch did not import (as happened on
-    the H200 in session 20, in one process) times hipkernel alone and is refused."""
+    """The committed bench must compare: a run whose torch did not import (torch not importable in
+    the timing process) times hipkernel alone and is refused."""
     rec = json.loads((GPU_DIR / "bench-h200.json").read_text())
     assert record.check_record(rec) == []
     assert any(p["available"] for p in rec["peers_available"].values())
@@ -148,7 +148,7 @@ def test_collect_names_the_command_that_made_the_kill_matrices(tmp_path):
 
 
 def test_collect_without_a_scaling_run_keeps_the_committed_one_carried(tmp_path, capsys):
-    """One GPU lent: --collect RECORDS RELIABILITY writes the six one-GPU records and leaves
+    """One GPU only: --collect RECORDS RELIABILITY writes the six one-GPU records and leaves
     the committed scaling record of an earlier kernel as it is; --check names it carried. A
     scaling JSON of an earlier kernel handed to --collect is refused: collected is this run."""
     rec_dir, rel_dir, _ = _device_outputs(tmp_path)

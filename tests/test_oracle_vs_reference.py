@@ -1,8 +1,9 @@
 """The reference (`refattn.attention`, fp64 and fp32 paths) against the mpmath oracle.
 
-A sweep of tiny shapes that switches on every feature of DESIGN §1 alone and in combination:
-per-head sinks (with a -inf entry), smooth softmax, sink + smooth (the sink wins), windows
-(1, mid, == Skv, > Skv), past_len 0 and > 0, G = 1, G = Hq, softcap, batch 2.
+A sweep of tiny shapes that switches on every feature of docs/semantics.md (Semantics) alone
+and in combination: per-head sinks (with a -inf entry), smooth softmax, sink + smooth (the
+sink wins), windows (1, mid, == Skv, > Skv), past_len 0 and > 0, G = 1, G = Hq, softcap,
+batch 2.
 
 Gates (relL2 = ||ref - oracle|| / ||oracle||):
     fp64  <= 1e-12   a few ulps of error per element, amplified by at most the softmax's
@@ -208,7 +209,7 @@ def test_small_blocks_match_oracle(case, dtype, gate, monkeypatch):
 @pytest.mark.parametrize("window", [-1, 100], ids=["causal", "w100"])
 def test_real_block_boundaries_match_oracle(window):
     """Rows at the reference's real block edges (512-row blocks for this shape) of a
-    1100-row chunk, checked against the oracle on just those rows: by DESIGN §1, rows [a, b)
+    1100-row chunk, checked against the oracle on just those rows: by the semantics, rows [a, b)
     of a chunk equal a chunk of q[a:b] over the first past_len + b keys at past_len + a."""
     rng = np.random.default_rng(7)
     B, Sq, Hq, Hkv, d, past = 1, 1100, 2, 1, 4, 30

@@ -1,4 +1,5 @@
-"""Properties of the reference that follow from DESIGN §1 alone, checked with hypothesis.
+"""Properties of the reference that follow from docs/semantics.md (Semantics) alone, checked
+with hypothesis.
 
 Each property compares the reference with itself under a transformation that must not change
 the answer (a window wider than the sequence, a chunk split, repeated KV heads, ...), with
@@ -80,7 +81,8 @@ def sink_kwargs(mode: str, sink) -> dict:
 
 
 def sigma_of(mode: str, sink, Hq: int) -> np.ndarray:
-    """The per-head sink logit as DESIGN §1 defines it; -inf stands for 'no sink term'."""
+    """The per-head sink logit as docs/semantics.md (Semantics) defines it; -inf stands for
+    'no sink term'."""
     return {"none": np.full(Hq, -np.inf), "sink": np.asarray(sink, np.float64),
             "smooth": np.zeros(Hq)}[mode]
 

@@ -2,10 +2,10 @@
 
 Under OVERLAP the softmax of tile t must run while tile t - 1's P.V is on the tensor cores:
 in SASS, the tile's MUFU.EX2 between the wait that leaves one wgmma group in flight and the
-wait for all. ptxas is free to hoist the second wait, and did for three sessions (0 exp2
-between the waits in the kernel before session 30, 66 now at d 128); these tests compile every
-shipped config with OVERLAP on, offline, where NVRTC and nvdisasm are installed (CI installs
-both: .ci/install-amd.sh), and are skipped with the reason elsewhere."""
+wait for all. ptxas is free to hoist the second wait, and did in kernel sources 2ee6512e to
+7149d8c1 (0 exp2 between the waits at d 128; 66 with hk_wgmma_wait_all_after); these tests
+compile every shipped config with OVERLAP on, offline, where NVRTC and nvdisasm are installed
+(CI installs both: .ci/install-amd.sh), and are skipped with the reason elsewhere."""
 
 from __future__ import annotations
 

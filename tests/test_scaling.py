@@ -1,6 +1,7 @@
-"""Multi-GPU scaling (issue #9) on the CPU: the host's usable CPUs (cgroup quotas), the
-reference's ``REFATTN_THREADS`` pool, each pinned worker's share of the CPUs, and
-``python -m hipkernel.scaling`` (JUnit parsing, speed-up, the record) with the GPU parts faked.
+"""Multi-GPU scaling (``hipkernel.scaling``, target 1.8x on two GPUs) on the CPU: the host's
+usable CPUs (cgroup quotas), the reference's ``REFATTN_THREADS`` pool, each pinned worker's
+share of the CPUs, and ``python -m hipkernel.scaling`` (JUnit parsing, speed-up, the record)
+with the GPU parts faked.
 
 The timed runs themselves need two GPUs; ``hipkernel.scaling`` is what runs them there.
 """

@@ -18,7 +18,7 @@ packaging) finds the library through ``$ROCM_PATH``; earlier releases dlopen the
 ``libhiprtc.so`` and need ``LD_LIBRARY_PATH``, which must be set before Python starts.
 Hence the pin, and :func:`_ensure_rocm_path` below, which points ``ROCM_PATH`` at a shim
 directory (``lib/libhiprtc.so`` and ``lib/libamdhip64.so``, both links to
-``libamdhip64.so.5``; DESIGN §6) when nothing else is configured. API differences between
+``libamdhip64.so.5``) when nothing else is configured. API differences between
 the releases that matter here: ``hipGetDeviceProperties(dev)`` (10.x) vs
 ``hipGetDeviceProperties(props, dev)`` (6.x), and ``hiprtcGetErrorString`` returning
 ``(result, text)`` vs ``(text,)``; both are handled. hip-python 10 binds the ROCm 6 symbol
