@@ -179,13 +179,13 @@ def _kernels_run(args) -> int:
                 reason = f"{type(e).__name__}: {e}"
         rows.append({"name": name, "target": entry.target, "origin": entry.origin,
                      "gpu": entry.requires_gpu, "available": ok, "reason": reason})
-    best = best_kernel()
+    best, why = best_kernel()
     if args.json:
-        print(json.dumps({"schema": 1, "best": best, "kernels": rows}, indent=2))
+        print(json.dumps({"schema": 1, "best": best, "best_why": why, "kernels": rows}, indent=2))
         return EXIT_OK
     from rich.table import Table
 
-    t = Table(title=f"kernels (default for `refattn run`: {best})")
+    t = Table(title=f"kernels (default for `refattn run`: {best}, {why})")
     for col in ("name", "target", "origin", "gpu", "available", "reason"):
         t.add_column(col, overflow="fold")
     for r in rows:
@@ -313,8 +313,10 @@ def _run_run(args) -> int:
 
     check_outputs(args, ("json",), ("report",))
     sharded = getattr(args, "gpus", 1) > 1
-    name = args.kernel or best_kernel()
+    name, why = (args.kernel, "named by --kernel") if args.kernel else best_kernel()
     kernel = get_kernel(name)
+    if not args.quiet:
+        print(f"run: kernel {name} ({why})", file=sys.stderr, flush=True)
     if not sharded:  # sharded: each worker checks on its own pinned device (skips -> exit 2)
         ok, reason = kernel_available(kernel)
         if not ok:
@@ -365,7 +367,8 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         epilog="examples:\n  refattn cases\n  refattn cases --suite seed --json"),
     "kernels": Subcommand(
         "list the registered kernels and whether they can run here", _kernels_args, _kernels_run,
-        description="List the kernel adapters (entry-point group refattn.kernels and built-ins)."),
+        description="List the kernel adapters (entry-point group refattn.kernels; from a source "
+                    "tree, the entry points of its pyproject.toml) and whether each can run here."),
     "run": Subcommand(
         "run a kernel over the case matrix", _run_args, _run_run,
         description="Run a kernel over the cases of one or more suites and judge every output "

@@ -1,43 +1,62 @@
 """Kernel adapters: the one seam between the harness and any kernel under test.
 
-An adapter wraps a kernel behind three members (docs/ARCHITECTURE.md, "Kernel adapters"):
+An adapter wraps a kernel behind three required members (docs/adapters.md):
 
     name: str
     supports(case) -> bool                       the contract it declares
     run(inputs) -> (status, out)                 0 and the output, or -1 when it declines
 
-and optionally ``available() -> (bool, reason)`` (can it run here at all? default: yes) and a
-class attribute ``requires_gpu = True`` (pytest marks its cases ``gpu``). ``run`` gets a
-:class:`refattn.cases.Inputs`; it writes into ``inputs.out`` and returns it, or returns its
-own array (the reference does, to keep fp32). On a decline it must not touch ``inputs.out``.
+and optional ones, each of which unlocks a check (:data:`OPTIONAL`):
 
-Adapters are found by name in the entry-point group ``refattn.kernels``; running from a source
-tree without installation, the built-ins below stand in for the entry points. A name may carry
-a variant after a colon (``hipkernel:cuda``), passed to the factory as ``variant=``. Any class
-can also be named by import path, ``package.module:Class`` (or ``package.module:Class:variant``),
-which is how tests plug in deliberately broken kernels without registering them.
+    available() -> (bool, reason)                can it run here at all? (default: yes)
+    requires_gpu = True                          pytest marks its cases ``gpu``
+    prepare(inputs) -> callable                  a device-resident launch, for ``refattn bench``
+    synchronize()                                wait for what ``prepare``'s callable enqueued
+    variants(case) -> [name, ...]                code paths to force one by one (``name@VARIANT``)
+    mutants = frozenset({...})                   catalogue mutants it implements (class attribute;
+                                                 the factory takes ``mutants=`` to switch them on)
+    source_hash() -> str                         what records are stamped with
 
-refattn never imports hipkernel by name at module level: every factory is imported lazily,
-from a string, and one that fails to import is listed with the reason rather than breaking
-the registry.
+``run`` gets a :class:`refattn.cases.Inputs`; it writes into ``inputs.out`` and returns it,
+or returns its own array (the reference does, to keep fp32). On a decline it must not touch
+``inputs.out``.
+
+Adapters are found by name in the entry-point group ``refattn.kernels``. Running from a
+source tree that is not installed, the entry points declared in that tree's
+``pyproject.toml`` stand in for the installed ones. A name may carry a variant after a colon
+(``name:variant``), passed to the factory as ``variant=``, and a forced code path after an
+``@`` (``name@VARIANT``), passed as ``config=``. Any class can also be named by import path,
+``package.module:Class`` (or ``package.module:Class:variant``), which is how a user's own
+kernel and the tests' deliberately broken kernels plug in without being registered.
+
+refattn imports no kernel package by name: every factory is imported lazily, from the
+string its entry point gives, and one that fails to import is listed with the reason rather
+than breaking the registry.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 GROUP = "refattn.kernels"
+SOURCE_ROOT = Path(__file__).resolve().parent.parent  # the tree refattn was imported from
 
-# name -> (target, requires_gpu): what the pyproject entry points say, for uninstalled trees.
-BUILTINS = {
-    "reference": ("refattn.kernels:ReferenceKernel", False),
-    "model": ("hipkernel.adapter:ModelKernel", False),
-    "hipkernel": ("hipkernel.adapter:HipKernel", True),
+# The optional members of an adapter and the check each one unlocks (docs/adapters.md).
+OPTIONAL = {
+    "available": "every command: a kernel that cannot run here is refused with its reason",
+    "requires_gpu": "pytest marks its cases gpu; --gpus N shards them over GPUs",
+    "prepare": "refattn bench: a device-resident launch to time",
+    "synchronize": "refattn bench: the end of a timed launch",
+    "variants": "refattn determinism and refattn sanitize: each code path forced in turn",
+    "mutants": "refattn mutants: the kill matrix",
+    "source_hash": "records and reports: a result is tied to the source it ran",
 }
 
 
@@ -98,10 +117,9 @@ class KernelEntry:
 
     name: str
     target: str  # "module:attr"
-    origin: str  # "entry point" | "built-in" | "import path"
+    origin: str  # "entry point" | "source tree" | "built-in" | "import path"
     factory: object | None = None
     error: str | None = None  # why it could not be imported
-    gpu_hint: bool = False
 
     @property
     def importable(self) -> bool:
@@ -109,11 +127,14 @@ class KernelEntry:
 
     @property
     def requires_gpu(self) -> bool:
-        """Whether its cases are ``gpu`` tests: the factory's ``requires_gpu`` attribute, else
-        the registry's hint (so a GPU kernel that fails to import is still marked)."""
-        if self.factory is not None and hasattr(self.factory, "requires_gpu"):
-            return bool(self.factory.requires_gpu)
-        return self.gpu_hint
+        """Whether its cases are ``gpu`` tests: the factory's ``requires_gpu`` attribute (False
+        when it has none or cannot be imported)."""
+        return bool(getattr(self.factory, "requires_gpu", False))
+
+    @property
+    def mutants(self) -> frozenset[str]:
+        """The catalogue mutants the factory declares it implements (:func:`declared_mutants`)."""
+        return declared_mutants(self.factory)
 
     def load(self) -> "KernelEntry":
         if self.factory is None and self.error is None:
@@ -130,17 +151,36 @@ class KernelEntry:
         return self.factory(variant=variant, **kw) if variant is not None else self.factory(**kw)
 
 
+def _tree_entry_points() -> dict[str, str]:
+    """``name -> "module:attr"`` of the ``refattn.kernels`` entry points declared in the
+    ``pyproject.toml`` of the source tree refattn was imported from, or {} when refattn is
+    installed (no such file beside the package) or the file cannot be read."""
+    path = SOURCE_ROOT / "pyproject.toml"
+    if not path.is_file() or not (SOURCE_ROOT / "refattn" / "kernels.py").is_file():
+        return {}
+    try:
+        if sys.version_info >= (3, 11):
+            import tomllib
+        else:  # pragma: no cover - python 3.10
+            import tomli as tomllib
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    eps = doc.get("project", {}).get("entry-points", {}).get(GROUP, {})
+    return {str(k): str(v) for k, v in eps.items() if isinstance(v, str)} if isinstance(eps, dict) else {}
+
+
 def _registry() -> dict[str, KernelEntry]:
     entries: dict[str, KernelEntry] = {}
     try:
         eps = importlib.metadata.entry_points(group=GROUP)
-    except Exception:  # noqa: BLE001 - broken metadata must not hide the built-ins
+    except Exception:  # noqa: BLE001 - broken metadata must not hide the source tree's kernels
         eps = ()
     for ep in eps:
-        hint = BUILTINS.get(ep.name, (None, False))[1]
-        entries[ep.name] = KernelEntry(ep.name, ep.value, "entry point", gpu_hint=hint)
-    for name, (target, gpu) in BUILTINS.items():
-        entries.setdefault(name, KernelEntry(name, target, "built-in", gpu_hint=gpu))
+        entries[ep.name] = KernelEntry(ep.name, ep.value, "entry point")
+    for name, target in _tree_entry_points().items():
+        entries.setdefault(name, KernelEntry(name, target, "source tree"))
+    entries.setdefault("reference", KernelEntry("reference", "refattn.kernels:ReferenceKernel", "built-in"))
     return entries
 
 
@@ -233,11 +273,84 @@ def kernel_available(adapter) -> tuple[bool, str]:
     return ok, reason
 
 
-def best_kernel() -> str:
-    """``"hipkernel"`` when it imports and reports itself available (a working GPU backend),
-    else ``"model"``, the CPU model of the same algorithm."""
+def declared_mutants(obj) -> frozenset[str]:
+    """The names in ``obj.mutants`` (an adapter class or factory: the catalogue mutants it
+    implements), as a frozenset; empty when it declares none. A name that is not in the
+    catalogue (``refattn.mutants``) is a :class:`KernelError`."""
+    from refattn.mutants import MUTANTS
+
+    raw = getattr(obj, "mutants", None) if obj is not None else None
+    if raw is None:
+        return frozenset()
+    if isinstance(raw, str) or not hasattr(raw, "__iter__"):
+        raise KernelError(f"kernel: {getattr(obj, '__name__', obj)!r}.mutants must be a set of "
+                          f"mutant names, got {type(raw).__name__}")
+    names = frozenset(str(m) for m in raw)
+    unknown = sorted(names - {m.name for m in MUTANTS})
+    if unknown:
+        raise KernelError(f"kernel: {getattr(obj, '__name__', obj)!r} declares mutants the "
+                          f"catalogue does not have: {', '.join(unknown)}")
+    return names
+
+
+def kernel_source_hash(adapter) -> str | None:
+    """``adapter.source_hash()`` as a non-empty string, or None when it has none. One that
+    raises or returns something else is a :class:`KernelError`: a record must not be stamped
+    with a hash that was not computed."""
+    fn = getattr(adapter, "source_hash", None)
+    if fn is None:
+        return None
     try:
-        ok, _ = kernel_available(get_kernel("hipkernel"))
-    except KernelError:
-        ok = False
-    return "hipkernel" if ok else "model"
+        h = fn()
+    except Exception as e:  # noqa: BLE001
+        raise KernelError(f"kernel: {getattr(adapter, 'name', adapter)!r}: source_hash() raised "
+                          f"{type(e).__name__}: {e}") from e
+    if not isinstance(h, str) or not h.strip():
+        raise KernelError(f"kernel: {getattr(adapter, 'name', adapter)!r}: source_hash() must "
+                          f"return a non-empty string, got {h!r}")
+    return h.strip()
+
+
+def kernel_variants(adapter, case) -> list[str]:
+    """``adapter.variants(case)``: the code paths to force one by one on ``case`` (each a name
+    that ``name@VARIANT`` accepts), in order and without repeats; [] when the adapter has no
+    ``variants``. One that raises or returns anything but strings is a :class:`KernelError`."""
+    fn = getattr(adapter, "variants", None)
+    if fn is None:
+        return []
+    try:
+        got = list(fn(case))
+    except Exception as e:  # noqa: BLE001
+        raise KernelError(f"kernel: {getattr(adapter, 'name', adapter)!r}: variants() raised "
+                          f"{type(e).__name__}: {e}") from e
+    bad = [v for v in got if not isinstance(v, str) or not v.strip() or "@" in v]
+    if bad:
+        raise KernelError(f"kernel: {getattr(adapter, 'name', adapter)!r}: variants() must give "
+                          f"names without '@', got {bad[0]!r}")
+    return list(dict.fromkeys(v.strip() for v in got))
+
+
+def best_kernel() -> tuple[str, str]:
+    """The kernel ``refattn run`` uses when none is named, and why: the first registered
+    kernel (in name order) that needs a GPU and reports itself available here; else the
+    first other registered kernel that is available (a CPU model of a GPU kernel); else the
+    reference, which checks only the harness."""
+    entries = available_kernels()
+    skipped = []
+    for gpu in (True, False):
+        for name in sorted(entries):
+            e = entries[name]
+            if name == "reference" or not e.importable or e.requires_gpu != gpu:
+                continue
+            try:
+                ok, reason = kernel_available(e())
+            except KernelError as err:
+                ok, reason = False, str(err)
+            if ok:
+                kind = "a GPU kernel" if gpu else "no GPU kernel is available here"
+                why = (f"{kind}, available: {reason}" if gpu else
+                       f"{kind}{' (' + '; '.join(skipped) + ')' if skipped else ''}; {reason or 'available'}")
+                return name, why
+            skipped.append(f"{name}: {' '.join(reason.split())[:240] or 'not available'}")
+    return "reference", "no other kernel is registered and available" + (
+        f" ({'; '.join(skipped)})" if skipped else "")

@@ -133,3 +133,16 @@ class UnavailableKernel(CorrectKernel):
 
     def available(self):
         return False, "no device in this test"
+
+
+class UnavailableGpuKernel(UnavailableKernel):
+    """A GPU kernel that cannot run here."""
+
+
+class AvailableGpuKernel(CorrectKernel):
+    """A GPU kernel that says it can run here (it computes on the CPU)."""
+
+    requires_gpu = True
+
+    def available(self):
+        return True, "a test device"

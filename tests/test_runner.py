@@ -240,18 +240,56 @@ def test_cli_reports_a_bad_cache_budget_in_one_line(tmp_path):
 
 # ------------------------------------------------------------------ registry
 
-def test_registry_lists_the_builtins():
+def test_registry_lists_the_tree_entry_points():
+    """From a source tree the pyproject's entry points stand in for installed ones."""
     entries = K.available_kernels()
     assert {"reference", "model", "hipkernel"} <= set(entries)
     assert entries["reference"].importable and entries["reference"].error is None
     assert entries["hipkernel"].requires_gpu and not entries["reference"].requires_gpu
 
 
+def _kernel_package_references(path) -> list[str]:
+    """Where the module at ``path`` imports hipkernel, or holds a string naming one of its
+    modules (``"hipkernel.api"``, ``"hipkernel.adapter:HipKernel"``) outside a docstring."""
+    import ast
+    import re
+
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    found = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Import) and any(a.name.split(".")[0] == "hipkernel" for a in n.names):
+            found.append(f"{path.name}:{n.lineno}: import")
+        elif isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "hipkernel":
+            found.append(f"{path.name}:{n.lineno}: from-import")
+        elif (isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings
+              and re.search(r"\bhipkernel\.[a-z_]+", n.value)):
+            found.append(f"{path.name}:{n.lineno}: {n.value[:60]!r}")
+    return found
+
+
+def test_refattn_imports_no_kernel_package():
+    """refattn finds every kernel through entry points: none of its modules imports
+    hipkernel, by name or by a module path in a string."""
+    import pathlib
+
+    pkg = pathlib.Path(K.__file__).parent
+    assert [r for f in sorted(pkg.rglob("*.py")) for r in _kernel_package_references(f)] == []
+
+
+def _only(monkeypatch, tree: dict) -> None:
+    """The registry sees exactly ``tree`` (name -> target) besides the built-in reference."""
+    monkeypatch.setattr(K.importlib.metadata, "entry_points", lambda group: ())
+    monkeypatch.setattr(K, "_tree_entry_points", lambda: dict(tree))
+
+
 def test_registry_reports_an_entry_that_fails_to_import(monkeypatch):
-    monkeypatch.setitem(K.BUILTINS, "ghost", ("refattn._no_such_module:Ghost", True))
+    _only(monkeypatch, {"ghost": "refattn._no_such_module:Ghost"})
     entry = K.available_kernels()["ghost"]
     assert not entry.importable and "cannot import refattn._no_such_module:Ghost" in entry.error
-    assert "ModuleNotFoundError" in entry.error and entry.requires_gpu
+    assert "ModuleNotFoundError" in entry.error and not entry.requires_gpu
     with pytest.raises(K.KernelError, match=r"kernel: 'ghost' is unavailable: cannot import"):
         K.get_kernel("ghost")
 
@@ -277,9 +315,14 @@ def test_kernel_available_normalises_the_probe():
     assert K.kernel_available(H.UnavailableKernel()) == (False, "no device in this test")
 
 
-def test_best_kernel_prefers_an_available_hipkernel(monkeypatch):
-    monkeypatch.setitem(K.BUILTINS, "hipkernel", ("tests.helpers_kernels:UnavailableKernel", True))
-    monkeypatch.setattr(K.importlib.metadata, "entry_points", lambda group: ())
-    assert K.best_kernel() == "model"
-    monkeypatch.setitem(K.BUILTINS, "hipkernel", ("tests.helpers_kernels:CorrectKernel", True))
-    assert K.best_kernel() == "hipkernel"
+def test_best_kernel_prefers_an_available_gpu_kernel_and_says_why(monkeypatch):
+    _only(monkeypatch, {"gpuk": "tests.helpers_kernels:UnavailableGpuKernel",
+                        "cpuk": "tests.helpers_kernels:CorrectKernel"})
+    name, why = K.best_kernel()
+    assert name == "cpuk" and "no GPU kernel is available here" in why and "no device in this test" in why
+    _only(monkeypatch, {"gpuk": "tests.helpers_kernels:AvailableGpuKernel",
+                        "cpuk": "tests.helpers_kernels:CorrectKernel"})
+    name, why = K.best_kernel()
+    assert name == "gpuk" and why.startswith("a GPU kernel")
+    _only(monkeypatch, {})
+    assert K.best_kernel()[0] == "reference"

@@ -76,7 +76,7 @@ HK_INLINE float hk_wave_xor(float x, int mask, int l) {
 // The wave's threads meet: a warp (WAVE 32), or for WAVE 64 the whole block (the kernel
 // then keeps every wave on the same path, EMU_BLOCK_SYNC). A named barrier of the wave's
 // two warps ran correctly, but racecheck reported RAW hazards between the block barrier's
-// K/V tile stores and the waves' reads with it (session 22, reports/wip/session22/amd).
+// K/V tile stores and the waves' reads with it.
 HK_INLINE void hk_wave_sync() {
 #if WAVE == 32
     __syncwarp();

@@ -1,7 +1,7 @@
 // gqa_flash_prefill_mma.hip: the fused GQA flash-attention prefill on NVIDIA tensor cores
 // (mma.sync m16n8k16, fp16 in, fp32 accumulate; sm_80 and newer), FlashAttention-2 style.
 //
-// NVIDIA ONLY. This file has no AMD implementation in this round: hipkernel.config offers its
+// NVIDIA ONLY. This file has no AMD implementation: hipkernel.config offers its
 // configs (path "mma") only for sm_80+ targets, and AMD keeps gqa_flash_prefill.hip.
 //
 // Device code only, with the same ABI and entry name as gqa_flash_prefill.hip (so the launch

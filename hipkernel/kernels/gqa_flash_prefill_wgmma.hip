@@ -93,7 +93,7 @@
 // Timed with the producer copying nothing after its first round (a probe), the cp.async
 // producer's copies cost 16 % of d128 16384@0 (3.82 against 4.57 ms); with TMA (same
 // process, bit-identical, before OVERLAP) 16384@0 ran 4.10 / 4.14 ms against 4.52 / 4.52,
-// 512@8192 0.1211 / 0.1214 against 0.1369 / 0.1368 (reports/wip/session27, calls 1-2).
+// 512@8192 0.1211 / 0.1214 against 0.1369 / 0.1368.
 // TMA 0: the cp.async producer, every producer thread copying its share of a tile, whose
 // unrolled copy loop of a 128-key tile at d 128 (32 cp.async a thread) needs 72 registers
 // without spilling.
@@ -104,10 +104,9 @@
 // tiles in turn, tile t by warpgroup (t - t0) % 4, 8 copies a thread, instead of every thread
 // 2 copies of each; a tile's full barrier then counts one warpgroup's arrivals. On the H200
 // (wgmma_m16_b64, same process, bit-identical) 16384@0 ran 5.072 / 5.087 ms against 5.156 /
-// 5.128, 512@8192 0.1557 / 0.1554 against 0.1603 / 0.1606 (reports/ab/wgmma-load-rr-d64.json).
+// 5.128, 512@8192 0.1557 / 0.1554 against 0.1603 / 0.1606.
 // (TMA copies by one thread of the loading warpgroup ran slower there: 16384@0 5.22 / 5.24 /
-// 5.22 ms against 5.06 / 5.06, 512@8192 0.1630 against 0.1567-0.1573; reports/wip/session27,
-// tma-self-loading-d64.patch.)
+// 5.22 ms against 5.06 / 5.06, 512@8192 0.1630 against 0.1567-0.1573.)
 #ifndef LOAD_RR
 #define LOAD_RR (!WS && M_TILES >= 16)
 #endif
@@ -189,13 +188,13 @@
 // and the previous tile's P.V together and runs tile t's softmax while that P.V is on the tensor
 // cores; acc is scaled once it has landed, and the previous tile's stage is released then. That
 // wait is hk_wgmma_wait_all_after: ptxas hoisted a bare one above the whole softmax, so that only
-// the two wgmma overlapped (sessions 27-29). The sums and their order are OVERLAP 0's (the first
+// the two wgmma overlapped. The sums and their order are OVERLAP 0's (the first
 // tile's P.V is of P = 0, adding zeros). It needs the owed P (32 registers at d 128) beside Q, S
 // and acc: 240 registers a consumer hold them without spilling, the owed tile's stage derived from
 // the current one and, with the producer, the sink logit kept in shared memory until the epilogue.
-// On the H200 (same process, bit-identical; session 30's call 1): d 128 (wgmma_m8_b128_ws) 16384@0
+// On the H200 (same process, bit-identical): d 128 (wgmma_m8_b128_ws) 16384@0
 // 3.970-3.976 ms against 4.020-4.025 with the hoisted wait, 512@8192 0.1168-0.1177 against
-// 0.1186-0.1218 (with the hoisted wait, session 27 had 4.03 against 4.17 ms without OVERLAP). On by
+// 0.1186-0.1218 (and with the hoisted wait 4.03 against 4.17 ms without OVERLAP). On by
 // default with the TMA producer. Allowed on the self-loading pipeline, but slower there: d 64 m16
 // (126 registers, no spill) 16384@0 5.08 ms against 4.98-5.02, 512@8192 0.159-0.161 against
 // 0.153-0.158 (four warpgroups an SM already overlap each other's softmax and wgmma).
@@ -209,10 +208,9 @@
 // 0.2060 ms) and 16384@0 0.5 % (6.281 against 6.319); with the producer at d 128 it did
 // not pay (docs/performance.md). Off since the swizzled layout: with the shared pipe no
 // longer taken by the copies, it cost 2.6 % at 16384@0 (5.274 / 5.307 ms against 5.137 /
-// 5.163 without) and 2 % at 512@8192 (reports/ab/wgmma-swizzle-tune-d64.json). With the
+// 5.163 without) and 2 % at 512@8192. With the
 // cp.async producer (d 128, wgmma_m8_b128_ws) it paid on the swizzled layout: 16384@0
-// 4.588 / 4.606 ms against 4.688 / 4.696, 512@8192 0.1370 / 0.1371 against 0.1407 / 0.1409
-// (reports/ab/wgmma-pingpong-ws-d128.json). With the TMA producer it still pays without
+// 4.588 / 4.606 ms against 4.688 / 4.696, 512@8192 0.1370 / 0.1371 against 0.1407 / 0.1409. With the TMA producer it still pays without
 // OVERLAP (512@8192 0.1228 / 0.1224 against 0.1260 / 0.1259 without it; 16384@0 4.17 / 4.19
 // against 4.19 / 4.20), and not with it (16384@0 4.02 / 4.05 against 4.03 / 4.02, 512@8192
 // 0.1191 / 0.1217 against 0.1188 / 0.1198): on with the producer unless OVERLAP is.

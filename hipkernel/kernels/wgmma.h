@@ -139,7 +139,7 @@ HK_INLINE void hk_wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
 // Wait until no group of this warpgroup is in flight, but not before x has been computed.
-// ptxas hoists a bare wait above the independent math before it (session 29: under OVERLAP it
+// ptxas hoists a bare wait above the independent math before it (under OVERLAP it
 // put the wait for the previous tile's P.V ahead of the whole softmax, so nothing overlapped);
 // a branch on a warp vote of x keeps it below x's producer. Both branches wait.
 HK_INLINE void hk_wgmma_wait_all_after(float x) {
