@@ -204,7 +204,11 @@ def _run_args(p: argparse.ArgumentParser) -> None:
                         "model and hipkernel take @CONFIG, one tile config for every case "
                         "(hipkernel:hip@wmma_m4_b64). "
                         "Default: hipkernel when a GPU backend works, else model.")
-    _add_suite_option(p, "Default: seed.")
+    _add_suite_option(p, "Default: seed (none when --case is given).")
+    p.add_argument("--case", action="append", metavar="'KEY = VALUE, ...'",
+                   help="one case given inline, as the body of a TOML inline table (the keys of a "
+                        "case file; name and why may be left out): 'Hq = 8, Hkv = 2, d = 64, sq = 3, "
+                        "past_len = 5, window = 2, sink = \"per_head\"' (repeatable)")
     p.add_argument("-k", dest="match", action="append", metavar="SUBSTRING",
                    help="only cases whose name contains SUBSTRING (repeatable: any of them)")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH ('-' = stdout; "
@@ -304,6 +308,20 @@ def _run_sharded(args, name: str, cases, progress):
         raise UsageError(str(e)) from None
 
 
+def _inline_cases(texts) -> list:
+    """The ``--case`` cases, named ``inline`` (``inline-2``, ... when there are several)."""
+    from refattn.cases import CaseError, case_from_text
+
+    texts = texts or []
+    out = []
+    for i, text in enumerate(texts, 1):
+        try:
+            out.append(case_from_text(text, name="inline" if len(texts) == 1 else f"inline-{i}"))
+        except CaseError as e:
+            raise UsageError(f"--case: {e}") from None
+    return out
+
+
 def _run_run(args) -> int:
     from contextlib import ExitStack
 
@@ -313,15 +331,15 @@ def _run_run(args) -> int:
 
     check_outputs(args, ("json",), ("report",))
     sharded = getattr(args, "gpus", 1) > 1
-    name, why = (args.kernel, "named by --kernel") if args.kernel else best_kernel()
+    name, why = (args.kernel, f"{args.kernel}, named by --kernel") if args.kernel else best_kernel()
     kernel = get_kernel(name)
     if not args.quiet:
-        print(f"run: kernel {name} ({why})", file=sys.stderr, flush=True)
+        print(f"run: kernel {getattr(kernel, 'name', name)} ({why})", file=sys.stderr, flush=True)
     if not sharded:  # sharded: each worker checks on its own pinned device (skips -> exit 2)
         ok, reason = kernel_available(kernel)
         if not ok:
             raise UsageError(f"kernel: {name!r} is not available here: {reason}")
-    cases = load_suites(args.suite or ["seed"])
+    cases = load_suites(args.suite or ([] if args.case else ["seed"])) + _inline_cases(args.case)
     if args.match:
         cases = [c for c in cases if any(s in c.name for s in args.match)]
         if not cases:
@@ -381,7 +399,12 @@ SUBCOMMANDS: dict[str, Subcommand] = {
                "  refattn run --kernel hipkernel:hip@wmma_m4_b64 --suite seed extended  # one config forced\n"
                "  refattn run --kernel hipkernel --suite seed extended --gpus 2  # one worker per GPU\n"
                "  refattn run --kernel mypkg.adapters:MyKernel   # any adapter class by import path\n"
+               "  refattn run --kernel model --case 'Hq = 8, Hkv = 2, d = 64, sq = 3, window = 2'\n"
                "\nexit status: 0 all pass/declined, 1 a failure, 2 usage / case-file / kernel error"),
+    "fuzz": Subcommand("random cases within a kernel's contract, a failure shrunk to a minimal case",
+                       module="refattn.fuzz"),
+    "determinism": Subcommand("run cases repeatedly and check that the outputs are bitwise identical",
+                              module="refattn.determinism"),
     "mutants": Subcommand("run the mutant kill matrix", module="refattn.mutants_cli"),
     "report": Subcommand("write the JSON + Markdown report", module="refattn.report"),
     # The benchmark times device-resident buffers, below the adapter interface, so it lives

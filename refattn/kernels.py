@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import importlib.util
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,9 +104,44 @@ class ReferenceKernel:
 
 # --------------------------------------------------------------------------- registry
 
+def _import_module(module: str):
+    """``module`` imported by name, or loaded from a file when it ends in ``.py``. A module
+    not found on ``sys.path`` is looked for in the working directory too, as ``python -m``
+    would find it: ``refattn run --kernel mykernels:K`` works from the directory holding
+    ``mykernels.py`` or a ``mykernels`` package."""
+    if module.endswith(".py"):
+        path = Path(module).resolve()
+        if not path.is_file():
+            raise ModuleNotFoundError(f"no file {module}")
+        name = f"_refattn_adapter_{path.stem}_{abs(hash(str(path))):x}"
+        if name in sys.modules:
+            return sys.modules[name]
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        try:
+            spec.loader.exec_module(mod)
+        except BaseException:
+            del sys.modules[name]
+            raise
+        return mod
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        cwd = str(Path.cwd())
+        if e.name != module.split(".")[0] or cwd in sys.path:
+            raise
+        sys.path.insert(0, cwd)
+        try:
+            return importlib.import_module(module)
+        except ModuleNotFoundError:
+            sys.path.remove(cwd)
+            raise e from None
+
+
 def _import_target(target: str):
     module, _, attr = target.partition(":")
-    obj = importlib.import_module(module)
+    obj = _import_module(module)
     for part in attr.split("."):
         obj = getattr(obj, part)
     return obj
@@ -205,8 +241,9 @@ def split_config(spec: str) -> tuple[str, str | None]:
 
 
 def parse_kernel_name(spec: str) -> tuple[KernelEntry, str | None]:
-    """Resolve ``name``, ``name:variant``, ``module:Class`` or ``module:Class:variant``, each
-    optionally forced to a config with ``@CONFIG`` (:func:`split_config`; ignored here)."""
+    """Resolve ``name``, ``name:variant``, ``module:Class`` or ``module:Class:variant`` (the
+    module a dotted name, or a file ``path/to/file.py``), each optionally forced to a config
+    with ``@CONFIG`` (:func:`split_config`; ignored here)."""
     if not isinstance(spec, str) or not spec.strip():
         raise KernelError(f"kernel: expected a kernel name, got {spec!r}")
     spec = split_config(spec.strip())[0]
@@ -214,7 +251,7 @@ def parse_kernel_name(spec: str) -> tuple[KernelEntry, str | None]:
     base, _, variant = spec.partition(":")
     if base in entries:
         return entries[base], (variant or None)
-    if ":" in spec and base.replace(".", "").replace("_", "").isalnum():
+    if ":" in spec and (base.endswith(".py") or base.replace(".", "").replace("_", "").isalnum()):
         module, _, rest = spec.partition(":")
         attr, _, variant = rest.partition(":")
         if attr:
@@ -222,7 +259,7 @@ def parse_kernel_name(spec: str) -> tuple[KernelEntry, str | None]:
             return KernelEntry(target, target, "import path"), (variant or None)
     known = ", ".join(sorted(entries))
     raise KernelError(f"kernel: unknown kernel {spec!r}; known: {known} "
-                      f"(or an import path, package.module:Class)")
+                      f"(or an import path, package.module:Class or path/to/file.py:Class)")
 
 
 def get_kernel(spec: str, **kw):

@@ -13,9 +13,10 @@ from refattn.cli import (EXIT_FAIL, EXIT_OK, UsageError, _add_suite_option, _con
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernel", default="model", metavar="NAME",
-                   help="kernel family whose mutants to switch on: model (CPU, default) or "
-                        "hipkernel / hipkernel:cuda / hipkernel:hip (GPU), each optionally forced "
-                        "to one tile config with @CONFIG (hipkernel@mfma_m4_b64)")
+                   help="a kernel whose adapter implements mutants of the catalogue (its class "
+                        "attribute `mutants`, docs/adapters.md), optionally forced to one variant "
+                        "with @VARIANT; default: model. A kernel that declares none is refused "
+                        "(exit 2): there is nothing to switch on")
     _add_suite_option(p, "Default: seed and extended.")
     p.add_argument("--mutant", action="append", metavar="NAME",
                    help="run only this mutant (repeatable); default: the whole catalogue")
@@ -29,14 +30,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.epilog = ("examples:\n  refattn mutants\n  refattn mutants --jobs 2\n"
                 "  refattn mutants --kernel hipkernel --json reports/gpu/mutants.json\n"
                 "  refattn mutants --mutant no_nan_guard -k w128\n\n"
-                "exit status: 0 clean kernel passes and every mutant is killed, 1 otherwise, 2 usage error")
+                "exit status: 0 clean kernel passes and every mutant is killed, 1 otherwise, 2 usage "
+                "error or a kernel that implements no mutants")
 
 
 def run(args) -> int:
     from refattn.cases import load_suites
-    from refattn.kernels import get_kernel, kernel_available
+    from refattn.kernels import get_kernel, kernel_available, parse_kernel_name
     from refattn.killmatrix import KernelByName, format_grid, run_kill_matrix
-    from refattn.mutants import MUTANTS, by_name
+    from refattn.mutants import by_name
 
     check_outputs(args, ("json",))
     for name in args.mutant or []:
@@ -44,6 +46,19 @@ def run(args) -> int:
             by_name(name)
         except ValueError as e:
             raise UsageError(str(e)) from None
+    entry = parse_kernel_name(args.kernel)[0].load()
+    if not entry.importable:
+        raise UsageError(f"kernel: {args.kernel!r} is unavailable: {entry.error}")
+    declared = entry.mutants
+    if not declared:
+        raise UsageError(f"kernel: {args.kernel!r} declares no mutants: the kill matrix switches on "
+                         "the catalogue mutants an adapter implements, listed in its class attribute "
+                         "`mutants` (docs/adapters.md)")
+    missing = sorted(set(args.mutant or ()) - declared)
+    if missing:
+        raise UsageError(f"--mutant: {args.kernel!r} does not implement {', '.join(missing)} "
+                         f"(it implements {', '.join(sorted(declared))})")
+    names = sorted(set(args.mutant) if args.mutant else declared)
     probe = get_kernel(args.kernel)
     ok, reason = kernel_available(probe)
     if not ok:
@@ -54,7 +69,7 @@ def run(args) -> int:
         if not cases:
             raise UsageError(f"-k: no case name contains {' or '.join(map(repr, args.match))}")
 
-    n_mut = len(args.mutant or MUTANTS)
+    n_mut = len(names)
     done = {"kernels": 0}
 
     def make_kernel(mutants):
@@ -73,12 +88,12 @@ def run(args) -> int:
         if not args.quiet:
             print(f"{n_mut + 1} kernels over {len(cases)} cases in {args.jobs} processes",
                   file=sys.stderr, flush=True)
-        km = run_kill_matrix(KernelByName(args.kernel), cases, names=args.mutant,
+        km = run_kill_matrix(KernelByName(args.kernel), cases, names=names,
                              jobs=args.jobs, on_kernel_done=kernel_done)
     else:
         with ExitStack() as stack:
             progress = None if args.quiet else _progress_printer(stack)
-            km = run_kill_matrix(make_kernel, cases, names=args.mutant, progress=progress)
+            km = run_kill_matrix(make_kernel, cases, names=names, progress=progress)
 
     from refattn.fileio import json_text
 
