@@ -97,7 +97,11 @@ def run(args) -> int:
 
     from refattn.fileio import json_text
 
-    text = json_text(km.to_json())
+    from refattn.kernels import kernel_source_hash
+
+    doc = {**km.to_json(), "kernel_spec": args.kernel.split("@", 1)[0],
+           "kernel_source_hash": kernel_source_hash(probe)}
+    text = json_text(doc)
     written = write_outputs(text, [Path(args.json)] if args.json and args.json != "-" else [],
                             "mutants")
     out = _console(stderr=args.json == "-")

@@ -230,6 +230,8 @@ class MatrixResult:
     started: str = ""
     elapsed_s: float = 0.0
     host: dict = field(default_factory=dict)
+    kernel_spec: str | None = None  # the name it was built from (refattn.records)
+    kernel_source_hash: str | None = None  # its adapter's source_hash(), when it has one
 
     @property
     def ok(self) -> bool:
@@ -245,7 +247,8 @@ class MatrixResult:
     def to_json(self) -> dict:
         """The JSON document (a dict, ready for ``json.dump``), schema 1."""
         return {
-            "schema": SCHEMA, "kernel": self.kernel, "ok": self.ok, "suites": list(self.suites),
+            "schema": SCHEMA, "kernel": self.kernel, "kernel_spec": self.kernel_spec,
+            "kernel_source_hash": self.kernel_source_hash, "ok": self.ok, "suites": list(self.suites),
             "started": self.started, "elapsed_s": round(self.elapsed_s, 3), "host": self.host,
             "counts": self.counts(), "results": [r.to_dict() for r in self.results],
         }

@@ -234,3 +234,50 @@ def test_determinism_checks_every_variant_of_an_adapter_that_names_them(capsys):
 def test_determinism_usage_errors(capsys):
     code, _, err = run_cli(capsys, "determinism", "--kernel", EXAMPLE, "--runs", "1")
     assert code == 2 and "--runs" in err
+
+
+# ------------------------------------------------------------------ report
+
+def test_run_fuzz_determinism_and_report_of_a_third_party_kernel(capsys, tmp_path, monkeypatch):
+    """The whole path for a kernel outside the package: each file is labelled with the kernel
+    it ran and its own stamp; a failing fuzz run fails the check."""
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)
+    d = tmp_path / "r"
+    assert run_cli(capsys, "run", "--kernel", EXAMPLE, "--suite", "contracts", "--report", str(d), "-q")[0] == 0
+    assert run_cli(capsys, "fuzz", "--kernel", EXAMPLE, "--examples", "20", "-q",
+                   "--json", str(d / "fuzz-numpy.json"))[0] == 0
+    assert run_cli(capsys, "determinism", "--kernel", EXAMPLE, "--suite", "contracts", "-q",
+                   "--json", str(d / "determinism-numpy.json"))[0] == 0
+    run = json.loads((d / "run-numpy-example.json").read_text())
+    assert run["kernel_spec"] == EXAMPLE and run["kernel_source_hash"] is None
+    report = ["report", "--in", str(d), "--out", str(d / "out"), "--baseline", str(d / "baseline.json")]
+    code, out, err = run_cli(capsys, *report, "--update-baseline")
+    assert code == 0, out + err
+    code, out, err = run_cli(capsys, *report, "--check")
+    assert code == 0, out + err
+    doc = json.loads((d / "out" / "latest.json").read_text())
+    assert {r["kernel"] for r in doc["cases"]} == {"numpy-example"}
+    assert [(c["kind"], c["kernel"], c["ok"]) for c in doc["checks"]] == [
+        ("fuzz", "numpy-example", True), ("determinism", "numpy-example", True)]
+    assert [s["kernel_spec"] for s in doc["sources"]] == [EXAMPLE]
+    md = (d / "out" / "latest.md").read_text()
+    assert "## Fuzz and determinism" in md and "| `run-numpy-example.json` | numpy-example |" in md
+
+    assert run_cli(capsys, "fuzz", "--kernel", PLUS_ONE, "--examples", "60", "-q",
+                   "--json", str(d / "fuzz-plus-one.json"))[0] == 1
+    code, out, _ = run_cli(capsys, *report, "--check")
+    assert code == 1 and "failure: fuzz failed: fuzz-plus-one.json (numpy-window-plus-one): failing case" in out
+
+
+def test_the_heatmap_re_runs_only_the_reports_own_kernel(tmp_path):
+    from refattn import report
+
+    case = case_from_text("Hq = 2, Hkv = 1, d = 16, sq = 4, window = 2")
+    params = {**case.to_dict(), "describe": case.describe()}
+    row = {"kernel": "numpy-window-plus-one", "case": "inline", "source": "run-x.json", "kernel_spec": PLUS_ONE}
+    err, name, note = report.heatmap_error(row, params)
+    assert name == "numpy-window-plus-one" and note == "" and err.max() > 0.01
+    err, _, note = report.heatmap_error({**row, "kernel_spec": None}, params)
+    assert err is None and "names no kernel" in note
+    err, _, note = report.heatmap_error({**row, "kernel_spec": "tests.adapters.numpy_window:Nope"}, params)
+    assert err is None and "cannot build" in note

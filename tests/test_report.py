@@ -53,6 +53,7 @@ def inputs_dir(tmp_path_factory) -> Path:
     assert len(cases) == len(CASES)
     m = run_matrix(get_kernel("model"), cases)
     assert m.ok, [r.summary for r in m.results]
+    m.kernel_spec, m.kernel_source_hash = "model", record.source_hash()
     _write(d / "run-model.json", m.to_json())
 
     computed = [c for c in cases if c.suite == "extended"]
@@ -274,14 +275,18 @@ def test_a_scaling_record_of_an_earlier_kernel_is_carried_and_must_still_pass(
 
 # --------------------------------------------------------------------------- no baseline, bad inputs
 
-def test_without_hipkernel_freshness_is_unknown(with_baseline, capsys, monkeypatch, no_matplotlib):
-    monkeypatch.setitem(sys.modules, "hipkernel.api", None)  # as where hipkernel is not installed
-    _gpu_stale(with_baseline)  # cannot be told from fresh without the current hash
+def test_a_record_whose_kernel_cannot_be_built_here_is_unverifiable(with_baseline, capsys, monkeypatch,
+                                                                    no_matplotlib):
+    """Freshness comes from the record's own kernel: where it cannot be built (not installed),
+    the record cannot be told fresh from stale, and --check says so instead of passing it."""
+    for mod in ("hipkernel.adapter", "hipkernel.api"):
+        monkeypatch.setitem(sys.modules, mod, None)  # as where hipkernel is not installed
     rc, out, doc = _report(capsys, with_baseline, "--check")
-    assert rc == 0, out
-    assert doc["current_source_hash"] is None
+    assert rc == 1, out
     assert {g["freshness"] for g in doc["gpu_records"]} == {"unknown"}
+    assert all(g["current_source_hash"] is None for g in doc["gpu_records"])
     assert "GPU records 0 fresh, 3 unknown" in doc["summary"]["line"]
+    assert "failure: GPU record unverifiable: gpu/h200.json: freshness unknown: kernel hipkernel" in out
 
 
 def test_without_baseline_the_check_fails_and_lists_the_current_failures(inputs_dir, tmp_path, capsys,
@@ -307,12 +312,12 @@ def test_missing_inputs_are_reported_and_fail_the_check(tmp_path, capsys, no_mat
     rc, out, doc = _report(capsys, tmp_path, "--check")
     assert rc == 1, out
     assert doc["summary"]["line"] == ("report: no CPU runs; no kill matrix; no GPU records; "
-                                      "0 regressions (no baseline), 4 failures")
-    for what in ("CPU run files: no", "kill matrices: no", "GPU records: no"):
-        assert f"  failure: input missing: {what}" in out
+                                      "0 regressions (no baseline), 2 failures")
+    assert "  failure: input missing: CPU run files: no" in out and "failure: baseline missing" in out
     md = (tmp_path / "out" / "latest.md").read_text()
-    for what in ("missing: CPU run files: no", "missing: kill matrices: no", "missing: GPU records: no"):
-        assert what in md
+    assert "missing: CPU run files: no" in md
+    for what in ("not present: kill matrices: no", "not present: GPU records: no", "not present: fuzz runs: no"):
+        assert what in md  # optional: a kernel may implement no mutants; the baseline guards them
 
 
 def test_unreadable_input_is_a_failure(inputs_dir, tmp_path, capsys, no_matplotlib):
