@@ -36,7 +36,6 @@ import argparse
 import json
 import math
 import os
-import re
 import sys
 import time
 import traceback
@@ -54,6 +53,7 @@ from refattn.args import check_attention_args
 from refattn.cases import OUT_CANARY_BITS, Case, canary_out, load_suites, make_inputs
 from refattn.fileio import atomic_write_text
 from refattn.metrics import compare
+from refattn.sanitize import SANITIZER_TOOLS, parse_sanitizer_summary, stopped_clean  # noqa: F401
 from refattn.reference import attention_with_baseline
 
 # Reference cost cap for one fuzz example: B * Hq * Sq * (keys a row block touches), the
@@ -398,14 +398,6 @@ def fuzz(be, n: int = 500, seed: int = 0, *, max_cost: int = DEFAULT_MAX_COST,
 
 # --------------------------------------------------------------------------- sanitizer
 
-SANITIZER_TOOLS = {
-    # tool -> extra compute-sanitizer options. --error-exitcode makes a finding fail the run
-    # even when the target itself exits 0.
-    "memcheck": "--tool memcheck --leak-check full --error-exitcode 3",
-    "racecheck": "--tool racecheck --error-exitcode 3",
-    "initcheck": "--tool initcheck --error-exitcode 3",
-    "synccheck": "--tool synccheck --error-exitcode 3",
-}
 
 
 def sanitizer_commands(suites=("seed", "extended"), python: str = "python",
@@ -430,81 +422,6 @@ def sanitizer_script(suites=("seed", "extended"), out_dir: str = "sanitizer",
     logs = " ".join(f"{out_dir}/{t}.log" for t in tools)
     lines.append(f"{python} -m hipkernel.reliability --parse-sanitizer {logs}")
     return "\n".join(lines) + "\n"
-
-
-_ERROR_SUMMARY = re.compile(r"ERROR SUMMARY:\s*(\d+)\s+errors?\b")
-_RACE_SUMMARY = re.compile(r"RACECHECK SUMMARY:\s*(\d+)\s+hazards?\s+displayed\s*"
-                           r"\(\s*(\d+)\s+errors?,\s*(\d+)\s+warnings?\s*\)")
-_LEAK_SUMMARY = re.compile(r"LEAK SUMMARY:\s*(\d+)\s+bytes?\s+leaked\s+in\s+(\d+)\s+allocations?")
-_PROGRAM_HIT = re.compile(r"Program hit\s+(\S+)")
-_REPORT = re.compile(r"^=+\s+((?:Invalid|Error|Uninitialized|Barrier|Race|Warning|Malloc|"
-                     r"Leaked|Address|Misaligned)\b.*)$", re.M)
-_TARGET_ERROR = "Target application returned an error"
-# sanitize_target's per-launch lines
-_LAUNCH_OK = re.compile(r"^  ok  ", re.M)
-_LAUNCH_BAD = re.compile(r"^  BAD ", re.M)
-
-
-def parse_sanitizer_summary(text: str, tool: str | None = None) -> dict:
-    """Read compute-sanitizer's output (its lines start with ``=========``).
-
-    The final lines it documents: ``ERROR SUMMARY: N error(s)`` (memcheck, initcheck,
-    synccheck), ``RACECHECK SUMMARY: N hazard(s) displayed (E error(s), W warning(s))``
-    (racecheck), ``LEAK SUMMARY: B bytes leaked in A allocations`` (memcheck with
-    ``--leak-check full``); and ``Target application returned an error`` when the target
-    exited non-zero. Summaries of several processes are summed. ``ok`` needs at least one
-    summary (a log without one means the tool or the target died), zero errors, hazards,
-    warnings and leaked bytes, and no target error or ``Program hit`` API error."""
-    errs = [int(n) for n in _ERROR_SUMMARY.findall(text)]
-    races = [tuple(map(int, m)) for m in _RACE_SUMMARY.findall(text)]
-    leaks = [tuple(map(int, m)) for m in _LEAK_SUMMARY.findall(text)]
-    if tool is None:
-        tool = "racecheck" if races else ("memcheck" if leaks else "unknown")
-    hazards = sum(r[0] for r in races) if races else None
-    warnings = sum(r[2] for r in races) if races else None
-    errors = sum(errs) + sum(r[1] for r in races)
-    leaked = sum(b for b, _ in leaks) if leaks else None
-    hits = sorted(set(_PROGRAM_HIT.findall(text)))
-    target_error = _TARGET_ERROR in text
-    n_summaries = len(errs) + len(races)
-    launches_ok = len(_LAUNCH_OK.findall(text))
-    launches_bad = len(_LAUNCH_BAD.findall(text))
-    traceback_seen = "Traceback (most recent call last)" in text
-    problems = []
-    if n_summaries == 0:
-        problems.append("no ERROR/RACECHECK SUMMARY line: the tool or the target did not finish")
-    if errors:
-        problems.append(f"{errors} error(s)")
-    if hazards:
-        problems.append(f"{hazards} hazard(s)")
-    if warnings:
-        problems.append(f"{warnings} warning(s)")
-    if leaked:
-        problems.append(f"{leaked} bytes leaked")
-    if target_error:
-        problems.append("the target application returned an error")
-    if hits:
-        problems.append("API errors: " + ", ".join(hits))
-    if launches_bad:
-        problems.append(f"{launches_bad} launch(es) of the target judged BAD")
-    if traceback_seen:
-        problems.append("the target raised (a Python traceback)")
-    return {
-        "tool": tool, "errors": errors, "hazards": hazards, "warnings": warnings,
-        "leaked_bytes": leaked, "leaked_allocations": sum(a for _, a in leaks) if leaks else None,
-        "summaries": n_summaries, "target_error": target_error, "program_hits": hits,
-        "first_reports": _REPORT.findall(text)[:10], "problems": problems, "ok": not problems,
-        "launches_ok": launches_ok, "launches_bad": launches_bad, "traceback": traceback_seen,
-    }
-
-
-def stopped_clean(parsed: dict) -> bool:
-    """A sanitizer log cut short (a time limit) before its summary with nothing wrong in what
-    it did print: no report, no error, no BAD launch, no target error. Such a run checked
-    ``launches_ok`` launches and found nothing, but it is not a completed run."""
-    return (parsed["summaries"] == 0 and parsed["launches_ok"] > 0 and not parsed["first_reports"]
-            and not parsed["errors"] and not parsed["launches_bad"] and not parsed["target_error"]
-            and not parsed["program_hits"] and not parsed["traceback"])
 
 
 def case_cost(case: Case) -> int:

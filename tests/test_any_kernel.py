@@ -281,3 +281,54 @@ def test_the_heatmap_re_runs_only_the_reports_own_kernel(tmp_path):
     assert err is None and "names no kernel" in note
     err, _, note = report.heatmap_error({**row, "kernel_spec": "tests.adapters.numpy_window:Nope"}, params)
     assert err is None and "cannot build" in note
+
+
+# ------------------------------------------------------------------ sanitize
+
+FAKE_SANITIZER = """#!/bin/sh
+# stands in for compute-sanitizer: drops the tool options, runs the target, prints a summary
+tool=memcheck
+while [ "${1#--}" != "$1" ]; do
+  [ "$1" = "--tool" ] && tool=$2
+  case "$1" in --leak-check|--tool|--error-exitcode) shift ;; esac
+  shift
+done
+"$@"; rc=$?
+if [ "$tool" = racecheck ]; then
+  echo "========= RACECHECK SUMMARY: ${HAZARDS:-0} hazards displayed (${HAZARDS:-0} errors, 0 warnings)"
+else
+  echo "========= ERROR SUMMARY: 0 errors"
+fi
+[ $rc -ne 0 ] && echo "========= Target application returned an error"
+exit $rc
+"""
+
+
+def test_sanitize_wraps_a_tight_run_of_any_kernel_and_reads_the_logs(capsys, tmp_path, monkeypatch):
+    tool = tmp_path / "fake-sanitizer"
+    tool.write_text(FAKE_SANITIZER)
+    tool.chmod(0o755)
+    monkeypatch.setenv("PYTHONPATH", str(__import__("pathlib").Path(__file__).resolve().parent.parent))
+    base = ["sanitize", "--kernel", EXAMPLE, "--cpu-ok", "--suite", "contracts", "--sanitizer", str(tool),
+            "--logs", str(tmp_path / "logs"), "-q"]
+    code, out, err = run_cli(capsys, *base, "--json", str(tmp_path / "s.json"))
+    assert code == 0, out + err
+    doc = json.loads((tmp_path / "s.json").read_text())
+    assert [t["tool"] for t in doc["tools"]] == ["memcheck", "racecheck"] and doc["ok"]
+    assert "--spare 0" in doc["tools"][0]["command"] and (tmp_path / "logs" / "memcheck.log").is_file()
+    monkeypatch.setenv("HAZARDS", "2")
+    code, out, _ = run_cli(capsys, *base)
+    assert code == 1 and "racecheck: FAILED: 2 error(s); 2 hazard(s)" in out
+    monkeypatch.delenv("HAZARDS")
+    suite = tmp_path / "tiny.toml"
+    suite.write_text('[[case]]\nname = "w3"\nHq = 2\nHkv = 1\nd = 16\nsq = 8\nwindow = 3\nwhy = "a window"\n')
+    code, out, _ = run_cli(capsys, "sanitize", "--kernel", PLUS_ONE, "--cpu-ok", "--suite", str(suite),
+                           "--sanitizer", str(tool), "--tool", "memcheck", "-q")
+    assert code == 1 and "the target application returned an error" in out  # a case failed under it
+
+
+def test_sanitize_refuses_what_it_cannot_check(capsys):
+    code, _, err = run_cli(capsys, "sanitize", "--kernel", EXAMPLE)
+    assert code == 2 and "requires_gpu" in err
+    code, _, err = run_cli(capsys, "sanitize", "--kernel", EXAMPLE, "--cpu-ok", "--sanitizer", "/nonexistent/cs")
+    assert code == 2 and "--sanitizer" in err
