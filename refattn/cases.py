@@ -31,6 +31,9 @@ Keys (``name``, ``Hq``, ``Hkv``, ``d``, ``sq`` and ``why`` are required):
     scale          logit scale (default 1/sqrt(d))
     softcap        0 (off, default) or > 0
     config         kernel tile config, keys ``m_tiles`` (>= 1) and ``bkv`` (32 | 64)
+    spare          rows of NaN canaries after the cache's skv keys (default: 64 to 127, so
+                   the allocation ends on a multiple of 64; 0: a tight cache, where a read
+                   past skv leaves the allocation, which compute-sanitizer sees)
     seed_contract  "decline": the seed kernel declined this case (recorded, not enforced)
     why            one line: the bug this case exists to catch
 
@@ -55,7 +58,7 @@ import numbers
 import os
 import re
 import sys
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
 from refattn.args import FP32_MAX, FP32_TINY, MAX_ELEMENTS
@@ -150,6 +153,7 @@ class Case:
     scale: float | None = None
     softcap: float = 0.0
     config: dict | None = None
+    spare: int | None = None
     seed_contract: str | None = None
     why: str
 
@@ -172,6 +176,8 @@ class Case:
                 bad(key, f"expected an integer >= {lo}, got {x}")
         if self.Hq % self.Hkv:
             bad("Hkv", f"Hq={self.Hq} query heads is not a multiple of Hkv={self.Hkv} KV heads")
+        if self.spare is not None and (not _is_int(self.spare) or self.spare < 0):
+            bad("spare", f"expected an integer >= 0 rows of canaries (or leave it out), got {self.spare!r}")
 
         q_elems = self.B * self.sq * self.Hq * self.d
         kv_elems = self.B * self.Hkv * (self.past_len + self.sq) * self.d
@@ -237,7 +243,9 @@ class Case:
 
     @property
     def s_cap(self) -> int:
-        """Allocated cache rows: skv plus 64..127 rows of NaN canaries."""
+        """Allocated cache rows: skv plus ``spare`` rows of NaN canaries (default 64..127)."""
+        if self.spare is not None:
+            return self.skv + self.spare
         return self.skv + KV_PAD_MIN + (-self.skv) % KV_PAD_MIN
 
     @property
@@ -284,6 +292,8 @@ class Case:
             parts.append(f"softcap={self.softcap:g}")
         if self.config:
             parts.append(",".join(f"{k}={v}" for k, v in sorted(self.config.items())))
+        if self.spare is not None:
+            parts.append(f"spare={self.spare}")
         return " ".join(parts)
 
     def to_dict(self) -> dict:
@@ -295,10 +305,28 @@ class Case:
 _KEYS = tuple(f.name for f in fields(Case) if f.name != "suite")
 
 
+# The suites ship twice: as ``cases/`` beside pyproject.toml in a source tree, and as the
+# package data ``refattn/suites/`` of a wheel (pyproject maps the package onto ``cases/``).
+SOURCE_CASES = Path(__file__).resolve().parent.parent / "cases"
+PACKAGED_CASES = "suites"
+
+
 def cases_dir() -> Path:
-    """The directory holding ``<suite>.toml`` files: ``$REFATTN_CASES_DIR`` or the repo's ``cases/``."""
+    """The directory holding ``<suite>.toml`` files: ``$REFATTN_CASES_DIR`` when set; else the
+    source tree's ``cases/`` when refattn is imported from a source tree (a ``pyproject.toml``
+    and a ``cases/`` directory beside the package); else the installed package data,
+    ``refattn/suites/``. Whichever it is, a suite not found there is reported with it."""
     env = os.environ.get(CASES_DIR_ENV)
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "cases"
+    if env:
+        return Path(env)
+    if SOURCE_CASES.is_dir() and (SOURCE_CASES.parent / "pyproject.toml").is_file():
+        return SOURCE_CASES
+    import importlib.resources
+
+    data = importlib.resources.files(__package__ or "refattn").joinpath(PACKAGED_CASES)
+    # A wheel installs unpacked, so this is a directory on disk; the suites are read as files
+    # (a zipped import is not supported, and its path is then reported as not found).
+    return data if isinstance(data, Path) else Path(str(data))
 
 
 def list_suites(directory: Path | None = None) -> list[str]:
@@ -390,6 +418,65 @@ def load_suite(path, *, suite: str | None = None) -> list[Case]:
         seen.add(case.name)
         cases.append(case)
     return cases
+
+
+INLINE_SUITE = "inline"
+
+
+def case_from_text(text: str, *, name: str = "inline") -> Case:
+    """A case given on the command line as the body of a TOML inline table, e.g.
+    ``Hq = 8, Hkv = 2, d = 64, sq = 3, past_len = 5, window = 2, sink = "per_head"``
+    (``name`` and ``why`` may be left out). :class:`CaseError` naming the key otherwise."""
+    if not isinstance(text, str) or not text.strip():
+        raise CaseError("expected KEY = VALUE pairs, e.g. 'Hq = 8, Hkv = 2, d = 64, sq = 16'", case=name)
+    try:
+        table = tomllib.loads(f"case = {{ {text.strip()} }}")["case"]
+    except tomllib.TOMLDecodeError as e:
+        raise CaseError(f"not a TOML inline table body ({e}); strings need quotes: "
+                        "sink = \"per_head\"", case=name) from None
+    for key in table:
+        if key not in _KEYS:
+            raise CaseError(_unknown_key(key, _KEYS), case=name, key=key)
+    table = {"name": name, "why": "given on the command line", **table}
+    for key in REQUIRED:
+        if key not in table:
+            raise CaseError("required key is missing", case=name, key=key)
+    return Case(suite=INLINE_SUITE, **table)
+
+
+def _toml_value(x) -> str:
+    if isinstance(x, bool):
+        return "true" if x else "false"
+    if isinstance(x, str):
+        return '"' + x.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(x, dict):
+        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in x.items()) + " }"
+    return repr(x)
+
+
+def case_fields(case: Case) -> dict:
+    """The keys of ``case`` that differ from their defaults, in field order (``name`` and
+    ``why`` always): what a case file or ``--case`` needs to rebuild it."""
+    out = {}
+    for f in fields(Case):
+        if f.name == "suite":
+            continue
+        v = getattr(case, f.name)
+        if f.name in REQUIRED or f.default is MISSING or v != f.default:
+            out[f.name] = v
+    return out
+
+
+def case_to_toml(case: Case) -> str:
+    """``case`` as a ``[[case]]`` table, ready to paste into a case file."""
+    return "[[case]]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in case_fields(case).items())
+
+
+def case_to_inline(case: Case) -> str:
+    """``case`` as the body of an inline table (:func:`case_from_text` reads it back),
+    without ``name`` and ``why``."""
+    return ", ".join(f"{k} = {_toml_value(v)}" for k, v in case_fields(case).items()
+                     if k not in ("name", "why"))
 
 
 def load_suites(names=None) -> list[Case]:

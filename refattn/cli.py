@@ -211,15 +211,20 @@ def _run_args(p: argparse.ArgumentParser) -> None:
                         "past_len = 5, window = 2, sink = \"per_head\"' (repeatable)")
     p.add_argument("-k", dest="match", action="append", metavar="SUBSTRING",
                    help="only cases whose name contains SUBSTRING (repeatable: any of them)")
+    p.add_argument("--spare", type=_spare_rows, default=None, metavar="ROWS",
+                   help="rows of NaN canaries after every case's cache (0: a tight cache, where a "
+                        "read past the keys leaves the allocation; what refattn sanitize uses); "
+                        "default: each case's own")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH ('-' = stdout; "
                    "the table then goes to stderr)")
     p.add_argument("--report", metavar="DIR", help="write DIR/run-<kernel>.json")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     p.add_argument("--gpus", metavar="N", type=_gpu_count, default=1,
-                   help="spread the cases over N GPUs: runs `pytest -n N --dist loadgroup` on "
-                        "tests/test_matrix.py (needs pytest-xdist and the source tree), one worker "
-                        "pinned to each visible device, every autotune key on one worker; the "
-                        "results are merged into the same table and JSON. Default 1: in-process")
+                   help="spread the cases over N GPUs: runs `pytest -n N --dist loadgroup` on the "
+                        "matrix test shipped in refattn (refattn/matrix_tests.py, through "
+                        "refattn.pytest_plugin; needs pytest-xdist), one worker pinned to each "
+                        "visible device, every autotune key on one worker; the results are merged "
+                        "into the same table and JSON. Default 1: in-process")
 
 
 def _count_of(one: str, many: str) -> Callable[[str], int]:
@@ -308,6 +313,16 @@ def _run_sharded(args, name: str, cases, progress):
         raise UsageError(str(e)) from None
 
 
+def _spare_rows(text: str) -> int:
+    try:
+        x = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of rows >= 0, got {text!r}") from None
+    if x < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number of rows >= 0, got {x}")
+    return x
+
+
 def _inline_cases(texts) -> list:
     """The ``--case`` cases, named ``inline`` (``inline-2``, ... when there are several)."""
     from refattn.cases import CaseError, case_from_text
@@ -326,7 +341,7 @@ def _run_run(args) -> int:
     from contextlib import ExitStack
 
     from refattn.cases import load_suites
-    from refattn.kernels import best_kernel, get_kernel, kernel_available
+    from refattn.kernels import best_kernel, get_kernel, kernel_available, kernel_source_hash
     from refattn.runner import run_matrix
 
     check_outputs(args, ("json",), ("report",))
@@ -344,6 +359,10 @@ def _run_run(args) -> int:
         cases = [c for c in cases if any(s in c.name for s in args.match)]
         if not cases:
             raise UsageError(f"-k: no case name contains {' or '.join(map(repr, args.match))}")
+    if args.spare is not None:
+        from dataclasses import replace
+
+        cases = [replace(c, spare=args.spare) for c in cases]
 
     with ExitStack() as stack:
         progress = None if args.quiet else _progress_printer(stack)
@@ -351,6 +370,8 @@ def _run_run(args) -> int:
             m = _run_sharded(args, name, cases, progress)
         else:
             m = run_matrix(kernel, cases, progress=progress)
+    m.kernel_spec = name
+    m.kernel_source_hash = kernel_source_hash(kernel)
 
     from refattn.fileio import json_text
 
@@ -405,11 +426,13 @@ SUBCOMMANDS: dict[str, Subcommand] = {
                        module="refattn.fuzz"),
     "determinism": Subcommand("run cases repeatedly and check that the outputs are bitwise identical",
                               module="refattn.determinism"),
+    "sanitize": Subcommand("compute-sanitizer memcheck and racecheck over the case matrix",
+                           module="refattn.sanitize"),
     "mutants": Subcommand("run the mutant kill matrix", module="refattn.mutants_cli"),
     "report": Subcommand("write the JSON + Markdown report", module="refattn.report"),
     # The benchmark times device-resident buffers, below the adapter interface, so it lives
     # with the kernel it measures; refattn names it here only as a lazily imported module.
-    "bench": Subcommand("benchmark the kernel against peers", module="hipkernel.bench"),
+    "bench": Subcommand("benchmark a kernel against peers", module="refattn.bench"),
 }
 
 

@@ -1,8 +1,9 @@
 """Spreading the case matrix over several GPUs: one pytest-xdist worker per device.
 
-``pytest -n N --dist loadgroup`` (or ``refattn run --gpus N``, which runs exactly that) starts
-N worker processes. ``tests/conftest.py`` pins each to its own device *before* any GPU
-backend initialises: worker ``gwN`` gets ``CUDA_VISIBLE_DEVICES`` (NVIDIA) or
+``pytest -n N --dist loadgroup`` (or ``refattn run --gpus N``, which runs exactly that over
+the test module shipped in the package, ``refattn/matrix_tests.py``) starts N worker
+processes. The pytest plugin ``refattn.pytest_plugin`` pins each to its own device *before*
+any GPU backend initialises: worker ``gwN`` gets ``CUDA_VISIBLE_DEVICES`` (NVIDIA) or
 ``HIP_VISIBLE_DEVICES`` (AMD) set to the N-th device of the controller's visible list, and
 ``HIPKERNEL_DEVICE=0`` (the one device it then sees). Cases carry
 ``pytest.mark.xdist_group(name=group_key(case))``, so ``--dist loadgroup`` sends every case of
@@ -48,8 +49,12 @@ FAKE_GPUS_ENV = "REFATTN_FAKE_GPUS"
 CUDA_VAR, HIP_VAR, ROCR_VAR = "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"
 ROW_SCHEMA = 1
 
-ROOT = Path(__file__).resolve().parent.parent
-MATRIX_TESTS = ROOT / "tests" / "test_matrix.py"
+ROOT = Path(__file__).resolve().parent.parent  # the source tree, or site-packages
+# The matrix's test module ships in the package, so ``--gpus`` needs no source tree; its node
+# id is the same from a wheel and from a source tree (refattn.pytest_plugin sets it).
+MATRIX_TESTS = Path(__file__).resolve().with_name("matrix_tests.py")
+MATRIX_NODEID = "refattn/matrix_tests.py"
+PLUGIN = "refattn.pytest_plugin"
 
 
 class ShardError(Exception):
@@ -546,8 +551,9 @@ def merge_results(cases, rows: Iterable[dict]):
 # --------------------------------------------------------------------------- refattn run --gpus
 
 def matrix_node_ids(kernel_spec: str, cases, test_file: Path = MATRIX_TESTS) -> list[str]:
-    """pytest node ids of ``cases`` in tests/test_matrix.py (ids ``<kernel>-<case name>``,
-    unique because case names are unique across the suites loaded together)."""
+    """pytest arguments selecting ``cases`` of ``test_file`` (default the shipped
+    ``refattn/matrix_tests.py``; ids ``<kernel>-<case name>``, unique because case names are
+    unique across the suites loaded together)."""
     return [f"{test_file}::test_case[{kernel_spec}-{c.name}]" for c in cases]
 
 
@@ -558,13 +564,38 @@ NOT_NEEDED_PLUGINS = ("-p", "no:hypothesispytest", "-p", "no:benchmark")
 
 def pytest_command(kernel_spec: str, suites: Iterable[str], cases, workers: int,
                    test_file: Path = MATRIX_TESTS) -> list[str]:
-    """``python -m pytest -n N --dist loadgroup ...`` over exactly ``cases``."""
-    cmd = [sys.executable, "-m", "pytest", "-n", str(int(workers)), "--dist", "loadgroup",
-           "-p", "no:cacheprovider", *NOT_NEEDED_PLUGINS, "-q", "--rootdir", str(test_file.parent.parent),
-           "-c", str(test_file.parent.parent / "pyproject.toml"), "--kernel", kernel_spec]
+    """``python -m pytest -p refattn.pytest_plugin -n N --dist loadgroup ...`` over exactly
+    ``cases``. The run is isolated from wherever it is started: no configuration file (``-c``
+    the null device), no conftest.py, the rootdir the directory holding the ``refattn``
+    package; the plugin's ``--refattn-kernel`` / ``--refattn-suite`` select the matrix."""
+    cmd = [sys.executable, "-m", "pytest", "-p", PLUGIN, "--noconftest", "-c", os.devnull,
+           "--rootdir", str(test_file.parent.parent), "-n", str(int(workers)), "--dist",
+           "loadgroup", "-p", "no:cacheprovider", *NOT_NEEDED_PLUGINS, "-q",
+           "--refattn-kernel", kernel_spec]
     for s in dict.fromkeys(suites):
-        cmd += ["--suite", str(s)]
+        cmd += ["--refattn-suite", str(s)]
     return cmd + matrix_node_ids(kernel_spec, cases, test_file)
+
+
+def source_root() -> Path | None:
+    """The source tree refattn was imported from (a ``pyproject.toml`` beside the package),
+    or None for an installed refattn."""
+    tree = (ROOT / "pyproject.toml").is_file() and (ROOT / "refattn" / "sharding.py").is_file()
+    return ROOT if tree else None
+
+
+def child_env(results_dir: str | os.PathLike, environ: Mapping[str, str] | None = None) -> dict:
+    """The environment of the sharded pytest: ``environ`` (default ``os.environ``) with
+    ``$REFATTN_RESULTS_DIR`` and, run from a source tree, that tree first on ``PYTHONPATH``
+    (its refattn, and the modules beside it such as ``tests.helpers_kernels``, are the ones
+    the workers import). An installed refattn is found by the same interpreter as is."""
+    env = dict(os.environ if environ is None else environ)
+    env[RESULTS_DIR_ENV] = str(results_dir)
+    root = source_root()
+    if root is not None:
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(root)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    return env
 
 
 def _tail(path: Path, n: int = 60) -> str:
@@ -581,18 +612,19 @@ def run_sharded(kernel_spec: str, suites: list[str], cases, workers: int, *, pro
     """Run ``cases`` of ``kernel_spec`` through ``pytest -n workers --dist loadgroup`` and
     merge the workers' rows into a :class:`refattn.runner.MatrixResult` (the same document
     ``run_matrix`` gives). ``progress(i, n, case, result)`` as in ``run_matrix``, called as
-    rows arrive. Raises :class:`ShardError` when pytest-xdist or the matrix tests are missing,
+    rows arrive. Raises :class:`ShardError` when pytest, pytest-xdist or the matrix tests are missing,
     when pytest itself fails (its output is in the message), or when the kernel is not
     available on the workers."""
     from refattn.runner import MatrixResult, host_info
 
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     cases = list(cases)
-    if importlib.util.find_spec("xdist") is None:
-        raise ShardError("--gpus needs pytest-xdist (pip install pytest-xdist)")
+    for module, dist in (("pytest", "pytest"), ("xdist", "pytest-xdist")):
+        if importlib.util.find_spec(module) is None:
+            raise ShardError(f"--gpus needs {dist} (pip install {dist})")
     if not test_file.is_file():
         raise ShardError(f"--gpus runs the pytest matrix, {test_file}, which this install lacks "
-                         f"(run from a source tree)")
+                         f"(reinstall refattn)")
     by_id = {c.id: c for c in cases}
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     t0 = time.perf_counter()
@@ -600,10 +632,7 @@ def run_sharded(kernel_spec: str, suites: list[str], cases, workers: int, *, pro
         results_dir = Path(tmp) / "rows"
         results_dir.mkdir()
         pytest_log = Path(tmp) / "pytest.log"
-        env = dict(os.environ)
-        env[RESULTS_DIR_ENV] = str(results_dir)
-        env["PYTHONPATH"] = os.pathsep.join(
-            [str(test_file.parent.parent)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        env = child_env(results_dir)
         cmd = pytest_command(kernel_spec, suites, cases, workers, test_file)
         reader, done = RowReader(results_dir), 0
         rows: list[dict] = []
@@ -652,8 +681,10 @@ def run_sharded(kernel_spec: str, suites: list[str], cases, workers: int, *, pro
 
 
 __all__ = ["CUDA_VAR", "Devices", "FAKE_GPUS_ENV", "HIP_VAR", "RESULTS_DIR_ENV", "RowReader",
-           "ShardError", "append_row", "auto_num_workers", "device_for_worker", "group_key",
+           "ShardError", "append_row", "auto_num_workers", "child_env", "device_for_worker",
+           "group_key",
            "matrix_node_ids", "merge_results", "parse_nvidia_smi_list", "parse_rocm_smi",
            "parse_visible_devices", "pin_environment", "pytest_command", "read_rows",
-           "result_from_row", "result_row", "run_sharded", "skip_row", "tune_group",
+           "result_from_row", "result_row", "run_sharded", "skip_row", "source_root",
+           "tune_group",
            "visible_devices", "worker_index"]

@@ -238,9 +238,14 @@ def test_pytest_command_runs_exactly_the_cases_grouped():
     cases = load_suites(["extended"])[:2]
     cmd = S.pytest_command("hipkernel:cuda", ["extended", "extended"], cases, 2)
     assert cmd[cmd.index("-n") + 1] == "2" and cmd[cmd.index("--dist") + 1] == "loadgroup"
-    assert "no:cacheprovider" in cmd and cmd.count("--suite") == 1
-    assert cmd[cmd.index("--kernel") + 1] == "hipkernel:cuda"
+    assert "no:cacheprovider" in cmd and cmd.count("--refattn-suite") == 1
+    assert cmd[cmd.index("--refattn-kernel") + 1] == "hipkernel:cuda"
     assert cmd[-2:] == [f"{S.MATRIX_TESTS}::test_case[hipkernel:cuda-{c.name}]" for c in cases]
+    # the plugin and the test module shipped in the package; nothing of the tree it runs in
+    assert cmd[cmd.index("-p") + 1] == "refattn.pytest_plugin" and "--noconftest" in cmd
+    assert cmd[cmd.index("-c") + 1] == os.devnull
+    assert S.MATRIX_TESTS == Path(S.__file__).resolve().with_name("matrix_tests.py")
+    assert S.MATRIX_TESTS.is_file() and "tests" not in S.MATRIX_TESTS.parts[-2:]
 
 
 # ------------------------------------------------------------------ real runs under xdist
@@ -355,3 +360,96 @@ def test_refattn_run_gpus_reports_failures_like_the_in_process_run(capsys):
     story = err[err.index("extended/ext-sink-sq1-past0"):].strip()
     assert story in p.stderr
     assert "refattn run:" not in p.stderr  # -q: no progress or sharding note
+
+
+# ------------------------------------------------------------------ --gpus without a source tree
+
+def test_child_env_puts_the_source_tree_first_only_when_run_from_one(tmp_path, monkeypatch):
+    env = S.child_env(tmp_path, {"PYTHONPATH": "/elsewhere", "X": "1"})
+    assert env["REFATTN_RESULTS_DIR"] == str(tmp_path) and env["X"] == "1"
+    assert env["PYTHONPATH"] == os.pathsep.join([str(ROOT), "/elsewhere"])  # this is a tree
+    assert S.source_root() == ROOT
+    monkeypatch.setattr(S, "ROOT", tmp_path)  # refattn as installed: no pyproject beside it
+    assert S.source_root() is None
+    assert S.child_env(tmp_path, {"PYTHONPATH": "/elsewhere"})["PYTHONPATH"] == "/elsewhere"
+    assert "PYTHONPATH" not in S.child_env(tmp_path, {})
+
+
+def _installed_layout(tmp_path) -> Path:
+    """refattn as a wheel installs it: the package alone in a site directory, the suites as its
+    package data ``refattn/suites``; no pyproject.toml, cases/ or tests/ anywhere near."""
+    import shutil
+
+    site = tmp_path / "site"
+    shutil.copytree(ROOT / "refattn", site / "refattn",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (site / "refattn" / "suites").mkdir()
+    for f in (ROOT / "cases").glob("*.toml"):
+        shutil.copy(f, site / "refattn" / "suites" / f.name)
+    return site
+
+
+def test_refattn_run_gpus_from_an_installed_layout_equals_the_in_process_run(tmp_path):
+    """``refattn run --gpus 2`` with refattn imported from an installed layout, run from an
+    empty directory: the workers run the shipped test module through the plugin, each pinned
+    to its own (simulated) device, and the merged JSON is the in-process run's, case for case."""
+    pytest.importorskip("xdist")
+    site = _installed_layout(tmp_path)
+    work = tmp_path / "empty"
+    work.mkdir()
+    env = clean_env(CUDA_VISIBLE_DEVICES="5,7")
+    env["PYTHONPATH"] = str(site)  # not the source tree
+    where = subprocess.run(
+        [sys.executable, "-c", "import refattn, refattn.cases as c, refattn.sharding as s; "
+         "print(refattn.__file__); print(c.cases_dir()); print(s.source_root())"],
+        cwd=work, env=env, capture_output=True, text=True, timeout=60)
+    assert where.stdout.split() == [str(site / "refattn" / "__init__.py"),
+                                    str(site / "refattn" / "suites"), "None"], where.stderr
+    select = ["run", "--kernel", "reference", "--suite", "extended", "contracts",
+              "-k", "sq1-past", "-k", "contract-d80", "-k", "contract-bf16", "--json", "-"]
+    local = subprocess.run([sys.executable, "-m", "refattn", *select], cwd=work, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert local.returncode == 0, local.stderr
+    p = subprocess.run([sys.executable, "-m", "refattn", *select, "--gpus", "2"], cwd=work,
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "on 2 pytest-xdist workers; 2 device(s) visible (CUDA_VISIBLE_DEVICES)" in p.stderr
+    local, sharded = json.loads(local.stdout), json.loads(p.stdout)
+    assert sharded["counts"] == local["counts"] and sharded["ok"] and local["ok"]
+    assert [r["case"] for r in sharded["results"]] == [r["case"] for r in local["results"]]
+    assert len(sharded["results"]) >= 4
+    for a, b in zip(sharded["results"], local["results"]):
+        a, b = dict(a), dict(b)
+        assert a.pop("time_s") is not None and b.pop("time_s") is not None
+        assert a == b
+
+
+def test_workers_from_the_shipped_module_are_pinned_and_record_rows(tmp_path):
+    """The sharded command itself (pytest_command) from an installed layout: each worker pinned
+    to its own device, every row from the shipped module, every group on one worker."""
+    pytest.importorskip("xdist")
+    site = _installed_layout(tmp_path)
+    work = tmp_path / "empty"
+    work.mkdir()
+    rows_dir = tmp_path / "rows"
+    rows_dir.mkdir()
+    env = clean_env(REFATTN_FAKE_GPUS="2", REFATTN_RESULTS_DIR=str(rows_dir))
+    cases = [c for c in load_suites(["extended", "contracts"])
+             if any(s in c.name for s in ("sq1-past", "sq3-past", "contract"))]
+    test_file = site / "refattn" / "matrix_tests.py"
+    cmd = S.pytest_command("model", ["extended", "contracts"], cases, 2, test_file)
+    env["PYTHONPATH"] = os.pathsep.join([str(site), str(ROOT)])  # the model kernel's package
+    p = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    assert f"{len(cases)} passed" in out, out
+    rows = S.read_rows(rows_dir)
+    assert len(rows) == len(cases) and {r["kind"] for r in rows} == {"result"}
+    assert {r["worker"] for r in rows} == {"gw0", "gw1"}
+    for r in rows:
+        assert r["device"] == {"gw0": "0", "gw1": "1"}[r["worker"]], r
+        assert r["nodeid"].startswith(f"{S.MATRIX_NODEID}::test_case[model-"), r
+    workers_of: dict[str, set] = {}
+    for r in rows:
+        workers_of.setdefault(r["group"], set()).add(r["worker"])
+    assert all(len(w) == 1 for w in workers_of.values()), workers_of
