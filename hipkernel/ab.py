@@ -257,7 +257,7 @@ def main(argv=None) -> int:
     ap.add_argument("--variant", action="append", required=True, metavar="SPEC",
                     help="[LABEL=]REV@CONFIG[+MACRO=VALUE...] (repeat; the first is the baseline)")
     ap.add_argument("--shape", action="append", required=True, metavar="NAME",
-                    help="a hipkernel.bench shape name, e.g. gptoss-16384@0 or gptoss-512@8192-w128 (repeat)")
+                    help="a refattn.bench shape name, e.g. gptoss-16384@0 or gptoss-512@8192-w128 (repeat)")
     ap.add_argument("--passes", type=int, default=2, help="times over every variant (default 2)")
     ap.add_argument("--launches", type=int, default=20, help="back-to-back launches a sample (default 20)")
     ap.add_argument("--reps", type=int, default=7, help="samples, of which the median (default 7)")
@@ -270,7 +270,7 @@ def main(argv=None) -> int:
                     help="a timing that has not returned after S seconds is taken for a hung "
                          "GPU: print the stacks and exit with status 1 (default 120; 0: never)")
     args = ap.parse_args(argv)
-    from hipkernel.bench import parse_shape
+    from refattn.bench import parse_shape
 
     try:
         variants = [parse_variant(s) for s in args.variant]

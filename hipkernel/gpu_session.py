@@ -12,7 +12,8 @@ time-out loses nothing):
 * ``reliability`` -> ``reliability-h200.json``: bitwise determinism over 3 runs of every
   seed+extended case, ``--fuzz-n`` random geometries against the fp64 reference, and the
   summaries of compute-sanitizer logs given with ``--sanitizer-logs``.
-* ``bench`` -> ``bench-h200.json``: ``hipkernel.bench`` (peers SDPA / cuDNN / Flex).
+* ``bench`` -> ``bench-h200.json``: ``refattn bench --kernel hipkernel:<backend>`` (peers SDPA,
+  cuDNN, Flex, FlashAttention 4; ``refattn.bench``).
 * ``measure`` -> ``measure-h200.json``: per-call device time of window=128 at past_len 512,
   8192 and 15872 (should be flat), full attention at 512@8192, and cold vs warm wall time
   of a chunked 16k prefill (32 chunks of 512) through ``hipkernel.attention``.
@@ -127,13 +128,15 @@ def section_reliability(be, out: Path, suites, fuzz_n: int, sanitizer_logs) -> N
 
 
 def section_bench(be, out: Path) -> None:
-    from hipkernel import bench
+    from refattn import bench
 
     ap = argparse.ArgumentParser()
     bench.add_arguments(ap)
-    rc = bench.run(ap.parse_args(["--json", str(out / "bench-h200.json")]))
+    rc = bench.run(ap.parse_args(["--kernel", "hipkernel:" + be.name,
+                                  "--json", str(out / "bench-h200.json")]))
     if rc not in (0,):
-        raise RuntimeError(f"bench exited {rc}")
+        raise RuntimeError(f"bench exited {rc} (the record is written; a missed target or a "
+                           f"failed check exits 1)")
 
 
 SECTIONS = ("matrix", "mutants", "measure", "reliability", "bench")

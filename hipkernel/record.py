@@ -23,8 +23,8 @@ labelled with the kernel it ran (:func:`freshness` gives ``"carried"``), and mus
 machine that cannot be had; ``--check`` names every carried record.
 
 ``python -m hipkernel.record --collect RECORDS RELIABILITY [SCALING]`` turns the outputs of
-the H200 commands (``scripts/h200x2_records.sh``, ``scripts/h200x2_reliability.sh``, and,
-on a machine with two GPUs, ``python -m hipkernel.scaling``) into ``reports/gpu/``: it checks
+``scripts/hipkernel_records.sh`` (its ``rec/`` and ``rel/`` folders, and, on a machine with
+two GPUs, ``python -m hipkernel.scaling``) into ``reports/gpu/``: it checks
 that every one is a run of the kernel source as it is here and passed, and writes nothing
 otherwise. Without SCALING the committed scaling record is kept as it is.
 """
@@ -38,17 +38,20 @@ import sys
 from pathlib import Path
 
 from hipkernel.api import source_hash
-from refattn import schema
+from refattn import records, schema
+from refattn.records import CARRIED_KINDS, carried_note  # noqa: F401 - re-exported
 from refattn.fileio import atomic_write_text
 
 SCHEMA = 1
 
 
-def stamp(kind: str, device: str, body: dict, ok: bool) -> dict:
-    """Wrap a result body into a record carrying the kernel source hash."""
+def stamp(kind: str, device: str, body: dict, ok: bool, kernel: str = "hipkernel") -> dict:
+    """Wrap a result body into a record carrying the kernel source hash and the registry name
+    of the kernel it is the hash of (``refattn.records``)."""
     return {
         "schema": SCHEMA,
         "kind": kind,
+        "kernel_spec": kernel,
         "kernel_source_hash": source_hash(),
         "device": device,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -57,24 +60,11 @@ def stamp(kind: str, device: str, body: dict, ok: bool) -> dict:
     }
 
 
-# Kinds whose record outlives a kernel edit (see the module docstring): they measure the
-# harness, not the kernel, on a machine with two GPUs, which is not always at hand.
-CARRIED_KINDS = ("scaling",)
-
-
 def freshness(rec: dict, current_hash: str) -> str:
     """``"fresh"`` (a run of ``current_hash``), ``"carried"`` (a CARRIED_KINDS record of an
-    earlier kernel source) or ``"stale"`` (any other record of another kernel source)."""
-    if rec.get("kernel_source_hash") == current_hash:
-        return "fresh"
-    return "carried" if rec.get("kind") in CARRIED_KINDS else "stale"
-
-
-def carried_note(rec: dict) -> str:
-    """What a carried record says about itself, for the check's output and the report."""
-    return (f"carried: a {rec.get('kind')} run of kernel source "
-            f"{str(rec.get('kernel_source_hash'))[:12]} ({rec.get('device')}, "
-            f"{rec.get('date', 'undated')}); not re-run since")
+    earlier kernel source) or ``"stale"`` (any other record of another kernel source):
+    ``refattn.records.freshness`` against this package's own hash."""
+    return records.freshness(rec, current_hash)
 
 
 def check_record(rec: dict, current_hash: str | None = None) -> list[str]:
@@ -98,17 +88,35 @@ def check_record(rec: dict, current_hash: str | None = None) -> list[str]:
 
 def _bench_problems(rec: dict) -> list[str]:
     """A committed bench record must hold at least one peer timed in the same run: without
-    torch the bench still times hipkernel alone (with host launch overhead inside its events,
-    ``hipkernel.bench``), which says nothing against SDPA, cuDNN or Flex."""
+    torch the bench still times the kernel alone (on the host clock, launch overhead inside,
+    ``refattn.bench``), which says nothing against SDPA, cuDNN, Flex or FlashAttention. A
+    record of ``refattn.bench`` (shapes with ``results``) must also have timed a peer on some
+    shape: peers available but each n/a or mismatched on every shape compare nothing."""
     avail = rec.get("peers_available")
     if not isinstance(avail, dict):
         return ["missing field 'peers_available' (which peers the bench could run)"]
-    if any(isinstance(p, dict) and p.get("available") for p in avail.values()):
-        return []
-    reasons = sorted({" ".join(str(p.get("reason", "?")).split())
-                      for p in avail.values() if isinstance(p, dict)})
-    return ["no peer ran in this bench (" + "; ".join(reasons or ["no peers listed"]) + "): "
-            "re-run it where torch imports and sees the GPU"]
+    if not any(isinstance(p, dict) and p.get("available") for p in avail.values()):
+        reasons = sorted({" ".join(str(p.get("reason", "?")).split())
+                          for p in avail.values() if isinstance(p, dict)})
+        return ["no peer ran in this bench (" + "; ".join(reasons or ["no peers listed"]) + "): "
+                "re-run it where torch imports and sees the GPU"]
+    rows = [r for r in rec.get("shapes") or [] if isinstance(r, dict) and isinstance(r.get("results"), dict)]
+    if not rows:
+        return []  # a record of the engine before refattn.bench, or the simpler "rows" body
+    for r in rows:
+        for entry in r["results"].values():
+            if not isinstance(entry, dict) or entry.get("role") != "peer":
+                continue
+            for mode in ("sink", "nosink"):
+                res = entry.get(mode)
+                if isinstance(res, dict) and res.get("status") == "ok" and res.get("ms") is not None:
+                    return []
+    why = sorted({f"{name}: {res.get('status')}: {' '.join(str(res.get('reason', '')).split())[:120]}"
+                  for r in rows for name, entry in r["results"].items()
+                  if isinstance(entry, dict) and entry.get("role") == "peer"
+                  for res in (entry.get("sink"), entry.get("nosink")) if isinstance(res, dict)})
+    return ["no peer was timed on any shape of this bench (" + "; ".join(why[:6] or ["no peer results"])
+            + "): a ratio needs a peer that passed its check"]
 
 
 # An mma_check record's kill matrices (config name -> kill matrix), as _failure_detail reads
@@ -196,11 +204,11 @@ FROM_RECORDS = ("mutants-h200.json",)
 FROM_RELIABILITY = ("h200.json", "measure-h200.json", "bench-h200.json", "reliability-h200.json")
 SCALING_RECORD = "scaling-h200x2.json"
 MMA_CHECK_RECORD = "mma-check-h200.json"
-MMA_CHECK_COMMAND = ("OUT=dir bash scripts/h200x2_records.sh (GPU 1: python3 scripts/mma_check.py "
-                     "--sections mutants,sweep)")
-# scripts/h200_records_one_call.sh runs the kill matrices untimed beside the sanitizers and
-# leaves the sweep out: its mma_check.json has no "sweep" section.
-MMA_CHECK_COMMAND_ONE_CALL = ("OUT=dir bash scripts/h200_records_one_call.sh (python3 "
+MMA_CHECK_COMMAND = ("GPUS=2 OUT=dir bash scripts/hipkernel_records.sh (GPU 1: python3 "
+                     "scripts/mma_check.py --sections mutants,sweep)")
+# On one GPU scripts/hipkernel_records.sh runs the kill matrices untimed beside the sanitizers
+# and leaves the sweep out: its mma_check.json has no "sweep" section.
+MMA_CHECK_COMMAND_ONE_CALL = ("GPUS=1 OUT=dir bash scripts/hipkernel_records.sh (python3 "
                               "scripts/mma_check.py --sections mutants, beside the sanitizers)")
 
 
@@ -241,8 +249,8 @@ def _mma_check_record(raw: dict, matrix: dict, path: Path) -> dict:
 
 def collect(records: Path, reliability: Path, scaling: Path | None, out: Path) -> list[str]:
     """Write the GPU records into ``out`` from the output folders of
-    ``scripts/h200x2_records.sh`` (``records``) and ``scripts/h200x2_reliability.sh``
-    (``reliability``) and the JSON of ``python -m hipkernel.scaling`` (``scaling``; None
+    ``scripts/hipkernel_records.sh``, ``rec/`` (``records``) and ``rel/``
+    (``reliability``), and the JSON of ``python -m hipkernel.scaling`` (``scaling``; None
     keeps the scaling record in ``out``, which the check then reports as carried). Files
     are copied byte for byte; mma_check.json becomes MMA_CHECK_RECORD. Raises ValueError,
     writing nothing, when one is missing, unreadable, not a run of the current kernel
@@ -284,8 +292,8 @@ def main(argv=None) -> int:
                     help="directory of GPU records (default: reports/gpu)")
     ap.add_argument("--collect", nargs="+", type=Path, metavar="DIR",
                     help="RECORDS RELIABILITY [SCALING]: write the records into the --check "
-                         "directory from the output folders of scripts/h200x2_records.sh and "
-                         "scripts/h200x2_reliability.sh and, when it was run (two GPUs), the JSON "
+                         "directory from the rec/ and rel/ folders of scripts/hipkernel_records.sh "
+                         "and, when it was run (two GPUs), the JSON "
                          "of python -m hipkernel.scaling (else the scaling record there is "
                          "carried), then check them")
     args = ap.parse_args(argv)

@@ -430,8 +430,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
                            module="refattn.sanitize"),
     "mutants": Subcommand("run the mutant kill matrix", module="refattn.mutants_cli"),
     "report": Subcommand("write the JSON + Markdown report", module="refattn.report"),
-    # The benchmark times device-resident buffers, below the adapter interface, so it lives
-    # with the kernel it measures; refattn names it here only as a lazily imported module.
+    # torch and the GPU runtimes are imported only when the benchmark runs
     "bench": Subcommand("benchmark a kernel against peers", module="refattn.bench"),
 }
 

@@ -6,23 +6,28 @@ The story, top to bottom:
 
 1. **Collect** (:func:`collect`) what is in ``--in`` (default ``reports/``):
    ``run-*.json`` (``refattn run --report``: one kernel over cases, ``MatrixResult.to_json``),
-   ``mutants-*.json`` (``refattn mutants --json``: a kill matrix, ``KillMatrix.to_json``) and
-   the GPU records ``gpu/*.json`` (``hipkernel.record``: kinds ``matrix``, ``mutants``,
-   ``measure``, ``bench``, ``reliability``). Each document is checked against the schema of
+   ``mutants-*.json`` (``refattn mutants --json``: a kill matrix, ``KillMatrix.to_json``),
+   ``fuzz-*.json`` and ``determinism-*.json`` (``refattn fuzz`` / ``refattn determinism
+   --json``) and the GPU records ``gpu/*.json`` that a kernel package writes (kinds
+   ``matrix``, ``mutants``, ``measure``, ``bench``, ``reliability``, ...). Each document is checked against the schema of
    its kind when it is read (``refattn.schema``, and ``_KILL_READ`` / ``_GPU_READ`` /
    ``_GPU_KIND_READ`` here for the few fields only this module reads); one that cannot be
    read (not JSON, not UTF-8, nested too deep) or has a field of the wrong shape (``"results":
    5``, a hash given as a number, a GPU record without ``kernel_source_hash``, ``"rel_l2":
    Infinity``: every number read must be finite) is a failure ``unreadable input: FILE:
    FIELD: why`` and is left out, so nothing after this step sees a bad file and nothing here
-   crashes on one. A missing input (no run file, no kill matrix, no GPU record) is a failure
-   too: a check over nothing is no pass. An ``--in`` that does not exist ends the command
-   (exit 1) before anything is written or created.
+   crashes on one. No run file is a failure too: a check over nothing is no pass. Kill
+   matrices, fuzz and determinism runs and GPU records are optional (a kernel may implement
+   no mutants and have no GPU records): their absence is noted, and one that the baseline
+   has and this report lacks is *coverage lost* (below). An ``--in`` that does not exist
+   ends the command (exit 1) before anything is written or created.
 2. **Build** (:func:`build`) the document ``latest.json`` (``"schema": 1``): a summary, one
-   row per (kernel, suite, case), the kill matrices, the GPU records with their freshness
-   (recorded ``kernel_source_hash`` against ``hipkernel.api.source_hash()``, imported lazily:
-   without hipkernel freshness is ``unknown``), the GPU per-call timings and the benchmark
-   table with ratios to peers.
+   row per (kernel, suite, case), the kill matrices, the fuzz and determinism runs, the GPU
+   records, the GPU per-call timings and the benchmark table with ratios to peers. Every
+   input is labelled with the kernel it ran and carries its own stamp: its recorded
+   ``kernel_source_hash`` against the ``source_hash()`` of the kernel it names, asked now
+   (``refattn.records``: fresh, carried, stale or unknown). No input is judged against
+   another kernel's source.
 3. **Diff** (:func:`diff`) it against the committed baseline (``--baseline``, default
    ``<in>/baseline.json``, same schema). A *regression* is one of
 
@@ -34,8 +39,8 @@ The story, top to bottom:
    * a mutant that was killed and now survives (unless marked ``equivalent``: a bug that no
      fp16 output can show, see ``refattn.mutants``);
    * a GPU record that is stale (hash mismatch) or failing (needs no baseline); a *carried*
-     record (``hipkernel.record.freshness``: a two-GPU scaling run of an earlier kernel
-     source, kept across kernel edits) is listed as such and must still pass;
+     record (``refattn.records``: a two-GPU scaling run of an earlier kernel source, kept
+     across kernel edits) is listed as such and must still pass;
    * a benchmark ratio (peer time / our time, higher is better) that dropped by more than
      :data:`BENCH_WORSE` (15 %);
    * *coverage lost* (:func:`_coverage_lost`): a case, mutant, GPU record or timed bench
@@ -44,8 +49,10 @@ The story, top to bottom:
      file that is unreadable now are not listed again (the file is a failure of its own).
 
    A *failure* is the current state alone, baseline or not: a case not ``pass``/``declined``,
-   a surviving mutant (not ``equivalent``), a clean kernel that fails its own matrix, an
-   unreadable or missing input, and a baseline that is missing (a typo in ``--baseline``),
+   a surviving mutant (not ``equivalent``), a clean kernel that fails its own matrix, a
+   fuzz run that found a failing case, a determinism run whose outputs differ, a stale CPU
+   input, a GPU record whose freshness is unknown (its kernel cannot be built here to ask),
+   an unreadable or missing input, and a baseline that is missing (a typo in ``--baseline``),
    malformed or empty (nothing to compare against). ``--check`` exits 1 when there is any of
    either and prints one line for each; without ``--check`` the same lines are printed and
    written, and the exit status is 0. With ``--update-baseline`` a missing or empty
@@ -60,7 +67,8 @@ The story, top to bottom:
    matplotlib is importable (``pip install refattn[plot]``), PNG plots in ``<out>/plots/``:
    relL2 per case on a log axis with both gates, GPU per-call time against past_len (full vs
    windowed), an error heatmap (head x row) of the case with the largest relL2 (re-run on
-   the CPU when it costs under :data:`HEATMAP_MAX_FLOPS`), and each kill-matrix grid.
+   the CPU by the very kernel its run file names, and only when that kernel runs on a CPU
+   and the case costs under :data:`HEATMAP_MAX_FLOPS`; never by another kernel), and each kill-matrix grid.
    Both texts are made before either is written, then written together
    (:func:`_write_together`: each to a hidden file beside its target, then both renamed), so
    a failure while rendering or writing (a full disk: one line on stderr, exit 1) leaves both
@@ -74,9 +82,12 @@ The story, top to bottom:
    ``--check`` the check is against the old baseline, and the new one is written even when
    the check fails: accepting the current state is what updating means.
 
-Benchmark records (``kind: "bench"``): ``hipkernel.bench`` writes ``"shapes": [{"name",
-"hipkernel": {"sink": {"ms", "tflops"}, "nosink": {...}}, "peers": {name: {"status", "ms",
-"sink"}}}]``; each timed peer's ratio is peer ms / hipkernel ms in the same sink mode.
+Benchmark records (``kind: "bench"``): ``refattn bench`` writes ``"kernel": NAME`` and
+``"shapes": [{"name", "geometry": {"sink", ...}, "results": {adapter name: {"role": "kernel" |
+"peer", "sink": {"status", "ms", ...}, "nosink": {...}}}}]``; the kernel's time is the one in
+the shape's own sink mode, and each timed peer's ratio is peer ms / kernel ms in the peer's
+mode. Records of the engine before it (``"shapes": [{"name", "hipkernel": {"sink": {"ms",
+"tflops"}, "nosink": {...}}, "peers": {name: {"status", "ms", "sink"}}}]``) are read alike.
 Other writers may use the simpler body::
 
     "rows": [{"case": "gptoss-past8192-w128", "kernel_ms": 0.11, "tflops": 152.0,
@@ -91,7 +102,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import importlib
 import io
 import json
 import math
@@ -100,7 +110,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from refattn import schema
+from refattn import records, schema
 from refattn.cli import EXIT_FAIL, EXIT_OK, UsageError, _safe_name
 from refattn.fileio import atomic_write_bytes, atomic_write_text, check_output_dir, check_output_file, json_text
 from refattn.metrics import SEED_GATE_REL_L2
@@ -142,15 +152,6 @@ def _table(header: list[str], rows: list[list]) -> list[str]:
     return out
 
 
-def current_source_hash() -> str | None:
-    """``hipkernel.api.source_hash()``, or None when hipkernel cannot be imported here.
-    Imported by string: refattn does not depend on hipkernel (docs/ARCHITECTURE.md)."""
-    try:
-        return importlib.import_module("hipkernel.api").source_hash()
-    except Exception:  # noqa: BLE001 - absent or broken hipkernel: freshness is "unknown"
-        return None
-
-
 # --------------------------------------------------------------------------- 1. collect
 
 @dataclass
@@ -161,7 +162,9 @@ class Collected:
     runs: list[tuple[str, dict]] = field(default_factory=list)  # (file, MatrixResult json)
     kill: list[tuple[str, dict]] = field(default_factory=list)  # (file, KillMatrix json)
     gpu: list[tuple[str, dict]] = field(default_factory=list)  # (file, GPU record)
-    missing: list[str] = field(default_factory=list)
+    checks: list[tuple[str, dict]] = field(default_factory=list)  # (file, fuzz / determinism run)
+    missing: list[str] = field(default_factory=list)  # a failure: no run file, no --in
+    absent: list[str] = field(default_factory=list)  # a note: inputs a kernel may not have
     unreadable: list[tuple[str, str]] = field(default_factory=list)  # (file, why)
 
 
@@ -224,20 +227,27 @@ def _read_json(path: Path, root: Path, col: Collected, need: str, what: str, che
 
 
 def collect(in_dir) -> Collected:
-    """Read the run files, kill matrices and GPU records in ``in_dir``."""
+    """Read the run files, kill matrices, fuzz and determinism runs and GPU records in
+    ``in_dir``. No run file is a failure (a report of nothing); the others are optional, as
+    a kernel may implement no mutants or have no GPU records: their absence is noted, and
+    one that the baseline has and this report lacks is *coverage lost*."""
     root = Path(in_dir)
     col = Collected(root)
     if not root.is_dir():
         col.missing.append(f"{root}/: no such directory")
         return col
-    for pattern, need, into, what, label, how, spec in (
+    for pattern, need, into, what, label, how, spec, required in (
             ("run-*.json", "results", col.runs, "a run file", "CPU run files", "refattn run --report DIR",
-             schema.RUN),
+             schema.RUN, True),
             ("mutants-*.json", "mutants", col.kill, "a kill matrix", "kill matrices",
-             "refattn mutants --json PATH", None)):
+             "refattn mutants --json PATH", None, False),
+            ("fuzz-*.json", "kind", col.checks, "a fuzz run", "fuzz runs",
+             "refattn fuzz --json PATH", schema.FUZZ, False),
+            ("determinism-*.json", "kind", col.checks, "a determinism run", "determinism runs",
+             "refattn determinism --json PATH", schema.DETERMINISM, False)):
         files = sorted(root.glob(pattern))
         if not files:
-            col.missing.append(f"{label}: no {root}/{pattern} ({how})")
+            (col.missing if required else col.absent).append(f"{label}: no {root}/{pattern} ({how})")
         for f in files:
             check = _kill_problems if spec is None else (lambda d, spec=spec: schema.problems(d, spec))
             doc = _read_json(f, root, col, need, what, check)
@@ -245,7 +255,7 @@ def collect(in_dir) -> Collected:
                 into.append((f.relative_to(root).as_posix(), doc))
     gpu_files = sorted((root / "gpu").glob("*.json"))
     if not gpu_files:
-        col.missing.append(f"GPU records: no {root}/gpu/*.json")
+        col.absent.append(f"GPU records: no {root}/gpu/*.json")
     for f in gpu_files:
         doc = _read_json(f, root, col, "kind", "a GPU record", _gpu_problems)
         if doc is not None:
@@ -257,6 +267,7 @@ def collect(in_dir) -> Collected:
 
 def _case_rows(doc: dict, kernel: str, source: str, origin: str, params: dict) -> list[dict]:
     rows = []
+    spec = doc.get("kernel_spec") if origin == "run" else None  # what the heatmap may re-run
     for r in doc.get("results") or []:
         if not isinstance(r, dict):
             continue
@@ -268,7 +279,7 @@ def _case_rows(doc: dict, kernel: str, source: str, origin: str, params: dict) -
             "seed_gate_pass": r.get("seed_gate_pass"), "baseline_rel_l2": _num(r.get("baseline_rel_l2")),
             "n_nan": r.get("n_nan"), "n_inf": r.get("n_inf"), "time_s": _num(r.get("time_s")),
             "note": str(r.get("note") or ""), "describe": (r.get("params") or {}).get("describe", ""),
-            "source": source, "origin": origin,
+            "source": source, "origin": origin, "kernel_spec": spec,
         }
         rows.append(row)
         if isinstance(r.get("params"), dict):
@@ -303,24 +314,47 @@ def _kill_entry(doc: dict, label: str, source: str, origin: str) -> dict:
 
 
 def _gpu_kernel(rec: dict, source: str) -> str:
-    """Label of a GPU record's kernel: ``hipkernel:cuda@h200`` (kernel or backend @ file stem)."""
-    k = rec.get("kernel") or ("hipkernel:" + rec["backend"] if rec.get("backend") else "hipkernel")
+    """Label of a GPU record's kernel: ``<kernel>[:<backend>]@<file stem>``."""
+    k = rec.get("kernel") or rec.get("kernel_spec") or "unnamed kernel"
+    if rec.get("backend") and not rec.get("kernel") and ":" not in k:
+        k = f"{k}:{rec['backend']}"  # a record of one backend of its kernel: hipkernel:cuda
     return f"{k}@{Path(source).stem}"
 
 
-def _gpu_entry(source: str, rec: dict, current: str | None) -> dict:
+_HASHES: dict = {}  # spec -> current source hash, for one report (emptied by build)
+
+
+def _freshness(rec: dict) -> tuple[str, str | None, str]:
+    """(freshness, current hash, the record's kernel) of a stamped document, against the
+    source of the kernel it names (``refattn.records``)."""
+    spec = records.record_spec(rec)
+    current = records.current_hash(spec, _HASHES)
+    return records.freshness(rec, current), current, spec or "?"
+
+
+def _source_entry(source: str, doc: dict, kind: str) -> dict:
+    """One input document's kernel and hashes, for the report's table of sources."""
+    fresh, current, spec = _freshness(doc)
+    h = doc.get("kernel_source_hash")
+    return {"file": source, "kind": kind, "kernel": str(doc.get("kernel") or spec), "kernel_spec": spec,
+            "kernel_source_hash": h if isinstance(h, str) else None, "current_source_hash": current,
+            "freshness": fresh}
+
+
+def _gpu_entry(source: str, rec: dict) -> dict:
     h = rec.get("kernel_source_hash")
-    if not isinstance(h, str) or current is None:
-        freshness = "unknown"
-    else:  # fresh, stale, or carried (a scaling record outlives a kernel edit: hipkernel.record)
-        freshness = importlib.import_module("hipkernel.record").freshness(rec, current)
+    freshness, current, spec = _freshness(rec)
     problems = []  # the fields are there and typed (collect checked the record)
     if freshness == "stale":
-        problems.append(f"stale: recorded hash {h[:12]} != current kernel source {current[:12]}")
+        problems.append(f"stale: recorded hash {h[:12]} != current source {current[:12]} of {spec}")
+    elif freshness == "unknown":
+        problems.append(f"freshness unknown: kernel {spec} names no source_hash() that can be "
+                        "asked here" if current is None else "freshness unknown")
     if rec.get("ok") is False:
         problems.append("the recorded run failed" + _gpu_failure_detail(rec))
     return {"file": source, "kind": str(rec.get("kind")), "device": rec.get("device"),
-            "date": rec.get("date"), "backend": rec.get("backend"), "kernel_source_hash": h,
+            "date": rec.get("date"), "backend": rec.get("backend"), "kernel": _gpu_kernel(rec, source),
+            "kernel_source_hash": h, "current_source_hash": current,
             "ok": rec.get("ok"), "freshness": freshness, "problems": problems}
 
 
@@ -353,11 +387,45 @@ def _first(d: dict, keys):
     return None
 
 
+def _bench_timed(entry, mode: str) -> float | None:
+    """The ms of one implementation's result in ``mode`` of a refattn.bench record, when it
+    was timed (status ok)."""
+    res = entry.get(mode) if isinstance(entry, dict) else None
+    return _num(res.get("ms")) if isinstance(res, dict) and res.get("status") == "ok" else None
+
+
+def _bench_results_row(r: dict, kernel: str | None) -> dict:
+    """One shape of a refattn.bench record (``results`` keyed by adapter name) as a row."""
+    results = r["results"]
+    mine = results.get(kernel) if kernel else None
+    if not isinstance(mine, dict):
+        mine = next((e for e in results.values() if isinstance(e, dict) and e.get("role") == "kernel"), {})
+    main = "sink" if (r.get("geometry") or {}).get("sink") else "nosink"
+    own = mine.get(main) if isinstance(mine.get(main), dict) else {}
+    peers = []
+    for name, entry in results.items():
+        if not isinstance(entry, dict) or entry.get("role") != "peer":
+            continue
+        for mode in ("sink", "nosink"):
+            ms = _bench_timed(entry, mode)
+            if ms is None:
+                continue
+            ours = _bench_timed(mine, mode)
+            peers.append({"peer": str(name), "ms": ms, "ratio": ms / ours if ours else None})
+    return {"case": str(r.get("name") or "?"), "kernel_ms": _bench_timed(mine, main),
+            "tflops": _num(own.get("tflops")) if _bench_timed(mine, main) is not None else None,
+            "peers": peers}
+
+
 def _bench_entry(source: str, rec: dict) -> dict:
     """The benchmark table of one bench record (tolerant; see the module docstring)."""
     rows = []
-    for r in rec.get("shapes") or []:  # hipkernel.bench's record (the one this project writes)
+    kernel = rec.get("kernel") if isinstance(rec.get("kernel"), str) else None
+    for r in rec.get("shapes") or []:  # refattn.bench's record, or the engine's before it
         if not isinstance(r, dict):
+            continue
+        if isinstance(r.get("results"), dict):
+            rows.append(_bench_results_row(r, kernel))
             continue
         hk = r.get("hipkernel") or {}
         ours = _num((hk.get("sink") or {}).get("ms"))
@@ -372,7 +440,7 @@ def _bench_entry(source: str, rec: dict) -> dict:
         rows.append({"case": str(r.get("name") or "?"), "kernel_ms": ours,
                      "tflops": _num((hk.get("sink") or {}).get("tflops")), "peers": peers})
     if rows:
-        return {"source": source, "device": rec.get("device"), "rows": rows}
+        return {"source": source, "device": rec.get("device"), "kernel": kernel, "rows": rows}
     for r in _first(rec, ("rows", "results", "cases", "benchmarks")) or []:
         if not isinstance(r, dict):
             continue
@@ -389,21 +457,42 @@ def _bench_entry(source: str, rec: dict) -> dict:
             peers.append({"peer": str(name), "ms": ms, "ratio": ratio})
         rows.append({"case": str(_first(r, ("case", "name")) or "?"), "kernel_ms": ours,
                      "tflops": _num(r.get("tflops")), "peers": peers})
-    return {"source": source, "device": rec.get("device"), "rows": rows}
+    return {"source": source, "device": rec.get("device"), "kernel": kernel, "rows": rows}
 
 
-def build(col: Collected, current_hash: str | None = None, *, params: dict | None = None) -> dict:
+def _check_entry(source: str, doc: dict) -> dict:
+    """A fuzz or determinism run: its kernel, whether it passed, and what failed."""
+    entry = {**_source_entry(source, doc, str(doc.get("kind"))), "ok": bool(doc.get("ok"))}
+    if doc.get("kind") == "fuzz":
+        m = doc.get("minimal") or {}
+        entry["summary"] = (f"{doc.get('examples')} examples, none failing" if doc.get("ok") else
+                            f"failing case {m.get('describe', '?')}: {m.get('command', '')}")
+    else:
+        bad = [r for r in doc.get("results") or [] if r.get("outcome") not in ("identical", "declined")]
+        entry["summary"] = (f"{len(doc.get('results') or [])} (case, variant) pairs identical over "
+                            f"{doc.get('runs')} runs" if not bad else
+                            f"{len(bad)} not identical: " + ", ".join(
+                                f"{r.get('case')}" + (f"@{r['variant']}" if r.get("variant") else "")
+                                + f" {r.get('outcome')}" for r in bad[:3]))
+    return entry
+
+
+def build(col: Collected, *, params: dict | None = None) -> dict:
     """The ``latest.json`` document, before the diff (:func:`make_report` adds ``baseline``,
     ``findings``, ``summary`` and ``plots``). ``params`` is filled with
     ``(kernel, suite, case) -> case as data`` for re-running the heatmap case."""
     params = {} if params is None else params
+    _HASHES.clear()
     cases, kill, gpu, measure, bench = [], [], [], [], []
     for source, doc in col.runs:
         cases += _case_rows(doc, str(doc.get("kernel") or Path(source).stem[4:]), source, "run", params)
     for source, doc in col.kill:
         kill.append(_kill_entry(doc, str(doc.get("kernel") or Path(source).stem[8:]), source, "run"))
+    sources = [_source_entry(s, d, "run") for s, d in col.runs] + \
+              [_source_entry(s, d, "mutants") for s, d in col.kill]
+    checks = [_check_entry(s, d) for s, d in col.checks]
     for source, rec in col.gpu:
-        gpu.append(_gpu_entry(source, rec, current_hash))
+        gpu.append(_gpu_entry(source, rec))
         kind = rec.get("kind")
         if kind == "matrix":
             cases += _case_rows(rec, _gpu_kernel(rec, source), source, "gpu-record", params)
@@ -413,19 +502,19 @@ def build(col: Collected, current_hash: str | None = None, *, params: dict | Non
             measure.append(_measure_entry(source, rec))
         elif kind == "bench":
             bench.append(_bench_entry(source, rec))
-    missing = list(col.missing)
+    missing, absent = list(col.missing), list(col.absent)
     if col.gpu and not measure:
-        missing.append("GPU measure record: none (per-call time vs past_len not available)")
+        absent.append("GPU measure record: none (per-call time vs past_len not available)")
     if col.gpu and not bench:
-        missing.append("GPU bench record: none (no benchmark table)")
+        absent.append("GPU bench record: none (no benchmark table)")
     return {
         "schema": SCHEMA,
         "generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "inputs": {"dir": str(col.in_dir), "runs": [s for s, _ in col.runs],
                    "kill_matrices": [s for s, _ in col.kill], "gpu": [s for s, _ in col.gpu],
-                   "missing": missing,
+                   "checks": [s for s, _ in col.checks], "missing": missing, "absent": absent,
                    "unreadable": [{"file": f, "why": w} for f, w in col.unreadable]},
-        "current_source_hash": current_hash,
+        "sources": sources, "checks": checks,
         "cases": cases, "kill_matrices": kill, "gpu_records": gpu, "measure": measure,
         "bench": bench,
     }
@@ -555,7 +644,7 @@ def diff(latest: dict, baseline: dict | None) -> list[Finding]:
         where = f"{g.get('file')} ({g.get('kind')}, {g.get('device')})"
         b = base_gpu.get(g.get("file")) or {}
         if g.get("freshness") == "stale":
-            h, cur = g.get("kernel_source_hash") or "", latest.get("current_source_hash") or ""
+            h, cur = g.get("kernel_source_hash") or "", g.get("current_source_hash") or ""
             found.append(Finding("regression", "GPU record stale", where,
                                  f"recorded for kernel source {h[:12]}",
                                  f"current kernel source {cur[:12]} (re-run on the GPU)",
@@ -602,6 +691,26 @@ def diff(latest: dict, baseline: dict | None) -> list[Finding]:
                                      f"{m.get('name')}",
                                      before_of(None if b is None else ("killed" if b.get("killed") else "survived")),
                                      "survives every case", key))
+    for g in latest.get("gpu_records") or []:
+        if g.get("freshness") == "unknown":
+            found.append(Finding("failure", "GPU record unverifiable", str(g.get("file")), "",
+                                 next((p for p in g.get("problems") or [] if p.startswith("freshness")),
+                                      "freshness unknown")))
+    for src in latest.get("sources") or []:
+        if src.get("freshness") == "stale":
+            found.append(Finding("failure", "input stale", str(src.get("file")), "",
+                                 f"a run of {src.get('kernel_spec')} source "
+                                 f"{str(src.get('kernel_source_hash'))[:12]}, now "
+                                 f"{str(src.get('current_source_hash'))[:12]} (re-run it)"))
+    for c in latest.get("checks") or []:
+        if not c.get("ok"):
+            found.append(Finding("failure", f"{c.get('kind')} failed", f"{c.get('file')} ({c.get('kernel')})",
+                                 "", str(c.get("summary"))))
+        elif c.get("freshness") == "stale":
+            found.append(Finding("failure", "input stale", str(c.get("file")), "",
+                                 f"a run of {c.get('kernel_spec')} source "
+                                 f"{str(c.get('kernel_source_hash'))[:12]}, now "
+                                 f"{str(c.get('current_source_hash'))[:12]} (re-run it)"))
     inputs = latest.get("inputs") or {}
     for u in inputs.get("unreadable") or []:
         found.append(Finding("failure", "unreadable input", str(u.get("file")), "", str(u.get("why"))))
@@ -699,8 +808,7 @@ def render_markdown(doc: dict, plots: dict) -> str:
     inp = doc["inputs"]
     base = doc["baseline"]
     L = [s["line"], "", "# refattn report", "",
-         f"Generated {doc['generated']} from `{inp['dir']}`. Kernel source "
-         f"`{(doc['current_source_hash'] or 'unknown (hipkernel not importable)')[:12]}`. "
+         f"Generated {doc['generated']} from `{inp['dir']}`. "
          f"Baseline: {base['note']}.", ""]
 
     L += ["## Regressions and failures", ""]
@@ -711,11 +819,26 @@ def render_markdown(doc: dict, plots: dict) -> str:
     L.append("")
 
     L += ["## Inputs", ""]
-    read = inp["runs"] + inp["kill_matrices"] + inp["gpu"]
+    read = inp["runs"] + inp["kill_matrices"] + inp.get("checks", []) + inp["gpu"]
     L.append("Read: " + (", ".join(f"`{f}`" for f in read) if read else "nothing") + ".")
     L += [""] + [f"- missing: {_md(m)}" for m in inp["missing"]]
+    L += [f"- not present: {_md(m)}" for m in inp.get("absent", [])]
     L += [f"- unreadable: `{u['file']}`: {_md(u['why'])}" for u in inp["unreadable"]]
     L.append("")
+    srcs = doc.get("sources", []) + doc.get("checks", []) + doc["gpu_records"]
+    if srcs:
+        L += ["Each input, the kernel it ran and the source it is a run of (recorded, and that "
+              "kernel's `source_hash()` here now):", ""]
+        L += _table(["file", "kernel", "recorded source", "current source", "freshness"],
+                    [[f"`{x['file']}`", x.get("kernel") or "?", (x.get("kernel_source_hash") or "-")[:12],
+                      (x.get("current_source_hash") or "-")[:12], x.get("freshness") or "?"] for x in srcs])
+        L.append("")
+    if doc.get("checks"):
+        L += ["## Fuzz and determinism", ""]
+        L += _table(["file", "check", "kernel", "result"],
+                    [[f"`{c['file']}`", c["kind"], c["kernel"], ("ok: " if c["ok"] else "FAILED: ") + c["summary"]]
+                     for c in doc["checks"]])
+        L.append("")
 
     L += ["## Cases", "",
           "Derived gate: relL2 <= 2 x baseline relL2 + floor and max-abs <= 2 x baseline max-abs "
@@ -780,8 +903,10 @@ def render_markdown(doc: dict, plots: dict) -> str:
         L.append("")
 
     for b in doc["bench"]:
-        L += [f"## Benchmark ({b['device']}, `{b['source']}`)", "",
-              "ratio = peer time / our time (> 1: ours is faster).", ""]
+        who = f": {_md(b['kernel'])}" if b.get("kernel") else ""
+        L += [f"## Benchmark{who} ({b['device']}, `{b['source']}`)", "",
+              "ratio = peer time / our time (> 1: ours is faster); our time is the kernel's in "
+              "the shape's own sink mode, each ratio in the peer's.", ""]
         L += _table(["case", "ours", "TF/s", "peer", "peer time", "ratio"],
                     [[row["case"], _ms(row["kernel_ms"]),
                       "-" if row["tflops"] is None else f"{row['tflops']:.1f}", p["peer"], _ms(p["ms"]),
@@ -916,17 +1041,16 @@ def heatmap_error(row: dict, params: dict) -> tuple[object, str, str]:
     if case.flops >= HEATMAP_MAX_FLOPS:
         return None, "", (f"error heatmap skipped: the largest relL2 is {row['case']} ({case.flops:.1e} FLOPs "
                           f">= {HEATMAP_MAX_FLOPS:.0e}), too slow to re-run on the CPU")
-    kernel = None
-    for name in (row["kernel"], "model"):  # the row's own kernel when it is a CPU kernel here
-        try:
-            adapter = get_kernel(name)
-        except Exception:  # noqa: BLE001 - e.g. a GPU record's label: fall back to the model
-            continue
-        if not getattr(adapter, "requires_gpu", False) and kernel_available(adapter)[0]:
-            kernel = adapter
-            break
-    if kernel is None:
-        return None, "", f"error heatmap skipped: no CPU kernel to re-run {row['case']}"
+    spec = row.get("kernel_spec")  # the row's own kernel, never another in its place
+    if not spec:
+        return None, "", (f"error heatmap skipped: {row['case']} comes from {row['source']}, which "
+                          "names no kernel that can be re-run here")
+    try:
+        kernel = get_kernel(spec)
+    except Exception as e:  # noqa: BLE001 - a kernel not installed where the report is made
+        return None, "", f"error heatmap skipped: cannot build {spec} here: {_first_line(e)}"
+    if getattr(kernel, "requires_gpu", False) or not kernel_available(kernel)[0]:
+        return None, "", f"error heatmap skipped: {spec} does not run on this CPU"
     inputs = make_inputs(case)
     k, v = inputs.clean_kv()
     ref, _ = attention_with_baseline(inputs.q, k, v, **inputs.reference_kwargs())
@@ -1061,7 +1185,7 @@ def make_report(in_dir: Path, out_dir: Path, baseline_path: Path, *, updating: b
     disagree and a reader never sees half of one."""
     col = collect(in_dir)
     params: dict = {}
-    doc = build(col, current_source_hash(), params=params)
+    doc = build(col, params=params)
     baseline = load_baseline(baseline_path)
     unfit = baseline_problems(baseline, baseline_path, updating=updating)
     if unfit and baseline is not None:

@@ -131,16 +131,24 @@ RESULT = {  # refattn.runner.Result.to_dict
     "baseline_rel_l2": Opt(NUM), "n_nan": _COUNT, "n_inf": _COUNT, "time_s": Opt(NUM),
     "params": Opt(dict),
 }
-RUN = {"schema": Opt(int), "kernel": Opt(str), "results": [RESULT]}  # MatrixResult.to_json
+_STAMP = {"kernel_spec": Opt(str), "kernel_source_hash": Opt(str)}
+RUN = {"schema": Opt(int), "kernel": Opt(str), "results": [RESULT], **_STAMP}  # MatrixResult.to_json
+FUZZ = {"schema": Opt(int), "kind": str, "kernel": str, "ok": bool, "examples": int,  # refattn.fuzz
+        "seed": Opt(int), "minimal": Opt({"describe": Opt(str), "command": Opt(str), "toml": Opt(str)}),
+        **_STAMP}
+DETERMINISM = {"schema": Opt(int), "kind": str, "kernel": str, "ok": bool, "runs": int,  # refattn.determinism
+               "results": [{"case": str, "variant": Opt(str), "outcome": str}], **_STAMP}
 MUTANT = {"name": str, "killed": bool, "breaks": Opt(str), "killed_by": Opt([str]),
           "killed_by_seed_gate": Opt([str]), "equivalent": Opt(Either(str, bool))}
 KILL_MATRIX = {"schema": Opt(int), "kernel": Opt(str), "mutants": [MUTANT], "clean_ok": Opt(bool),
-               "clean_failures": Opt([ANY]), "cases": Opt([ANY])}
+               "clean_failures": Opt([ANY]), "cases": Opt([ANY]), **_STAMP}
 
 GPU_RECORD = {"schema": int, "kind": str, "kernel_source_hash": str, "device": str, "ok": bool,
-              "date": Opt(str), "results": Opt([RESULT])}
+              "date": Opt(str), "results": Opt([RESULT]), "kernel_spec": Opt(str)}
 _PEER = {"status": Opt(str), "ms": Opt(NUM), "sink": Opt(bool)}
 _TIMES = {"ms": Opt(NUM), "tflops": Opt(NUM)}
+_MODE_RESULT = {"status": Opt(str), "ms": Opt(NUM), "tflops": Opt(NUM), "rel_l2": Opt(NUM),
+                "variant": Opt(str), "reason": Opt(str)}
 _ALT_PEER = Either(NUM, {"ms": Opt(NUM), "time_ms": Opt(NUM), "median_ms": Opt(NUM), "ratio": Opt(NUM)})
 GPU_KINDS = {  # what each kind adds to GPU_RECORD
     "matrix": {"results": [RESULT]},
@@ -148,8 +156,14 @@ GPU_KINDS = {  # what each kind adds to GPU_RECORD
     "mma_check": {"mutants": Opt(Either(Map(dict), [MUTANT]))},
     "measure": {"per_call": Opt([{"ms": Opt(NUM), "tflops": Opt(NUM)}]), "window128_spread": Opt(NUM),
                 "window128_flat_within_10pct": Opt(bool), "chunked_16k": Opt(dict)},
-    "bench": {"shapes": Opt([{"name": Opt(str), "hipkernel": Opt({"sink": Opt(_TIMES),
-                                                                   "nosink": Opt(_TIMES)}),
+    # refattn.bench's record: per shape, "results" keyed by adapter name, each its role and
+    # one result per sink mode; records of the engine before it ("hipkernel" and "peers" per
+    # shape) and the simpler "rows" body are read too
+    "bench": {"kernel": Opt(str),
+              "shapes": Opt([{"name": Opt(str), "geometry": Opt({"sink": Opt(bool)}),
+                              "results": Opt(Map({"role": Opt(str), "sink": Opt(_MODE_RESULT),
+                                                  "nosink": Opt(_MODE_RESULT)})),
+                              "hipkernel": Opt({"sink": Opt(_TIMES), "nosink": Opt(_TIMES)}),
                               "peers": Opt(Map(_PEER))}]),
               "rows": Opt([{"peers": Opt(Either(Map(_ALT_PEER), [dict])),
                             "kernel_ms": Opt(NUM), "ms": Opt(NUM), "tflops": Opt(NUM)}]),

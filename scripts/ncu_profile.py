@@ -5,7 +5,7 @@
         -k gqa_flash_prefill -s 2 -c 1 \
         python3 scripts/ncu_profile.py gptoss-512@8192 [--config mma_m8_b64_w2]
 
-Shapes are ``hipkernel.bench`` shape names. The config defaults to the one the autotuner
+Shapes are ``refattn.bench`` shape names (benchmarks/shapes.toml). The config defaults to the one the autotuner
 picks (the sweep's own launches run first; ``-s`` skips them only when you count them, so
 give ``--config`` to profile exactly one config: then the launches are 2 warm-up + 1).
 """
@@ -18,12 +18,12 @@ import sys
 
 def main(argv=None) -> int:
     from hipkernel.backends import get_backend
-    from hipkernel.bench import parse_shape
+    from refattn.bench import parse_shape
     from hipkernel.config import config_from_name
     from hipkernel.timing import Resident
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("shape", help="a hipkernel.bench shape name, e.g. gptoss-512@8192 or gptoss-16384@0-w128")
+    ap.add_argument("shape", help="a refattn.bench shape name, e.g. gptoss-512@8192 or gptoss-16384@0-w128")
     ap.add_argument("--config", default=None, help="a config name (e.g. mma_m8_b64_w2); default: autotuned")
     ap.add_argument("--launches", type=int, default=3)
     args = ap.parse_args(argv)

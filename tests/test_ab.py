@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from hipkernel import ab, api, timing
-from hipkernel.bench import parse_shape
+from refattn.bench import parse_shape
 from hipkernel.config import KernelConfig
 from tests.test_fuzz import ModelBackend
 
@@ -231,7 +231,7 @@ def test_checkpoints_name_the_variant_about_to_run_and_keep_every_row_done():
 _HANGING_RUN = """
 import sys, time
 from hipkernel import ab
-from hipkernel.bench import parse_shape
+from refattn.bench import parse_shape
 from tests.test_fuzz import ModelBackend
 
 class Hangs(ModelBackend):  # a kernel built with -DHANG=1 never finishes

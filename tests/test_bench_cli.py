@@ -1,6 +1,10 @@
-"""`refattn bench` on a CPU: the FLOP count, shape and flag parsing, the no-GPU and no-torch
-paths, the record's JSON shape, and the ratio / target logic. The timing itself needs a GPU
-(benchmarks/test_bench_kernels.py); here a recording backend stands in for the device."""
+"""`refattn bench` on a CPU: the generic engine driven by NumPy adapters (their ``prepare``
+returns NumPy callables) and a fake timer. Covered: the FLOP count, the shapes file and its
+errors, the flags, the refusal of an adapter without ``prepare``, the check against the fp64
+reference on sampled rows (a wrong peer is ``mismatch``, a raising one ``n/a``), the sink
+modes and the like-for-like ratio, the record and its stamp, the balanced order of the
+rounds, and hipkernel's ``prepare`` on a backend whose launches run the model. The timing
+itself needs a GPU (benchmarks/test_bench_kernels.py)."""
 
 import json
 import subprocess
@@ -11,12 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hipkernel import bench
-from refattn import cli, visible
-from tests.fake_backend import RecordingBackend
+from refattn import bench, cli, timing, visible
+from refattn.cases import make_inputs
+from refattn.reference import attention, attention_with_baseline
+from refattn.timing import Prepared
 
 ROOT = Path(__file__).resolve().parent.parent
-NO_TORCH = "torch not importable: ModuleNotFoundError: No module named 'torch'"
+HERE = "tests.test_bench_cli"
 
 
 def run_cli(capsys, *argv):
@@ -25,14 +30,200 @@ def run_cli(capsys, *argv):
     return code, out, err
 
 
+# --------------------------------------------------------------------------- fake adapters
+
+def _reference16(x) -> np.ndarray:
+    k, v = x.clean_kv()
+    return attention(x.q, k, v, **x.reference_kwargs()).astype(np.float16)
+
+
+class FakeKernel:
+    """A correct NumPy "kernel": prepare() computes once per launch into a held output."""
+
+    name = "fake-kernel"
+    launches = 0
+
+    def supports(self, case):
+        return case.softcap == 0
+
+    def source_hash(self):
+        return "fake-source-0123456789abcdef"
+
+    def run(self, x):
+        x.out[...] = _reference16(x)
+        return 0, x.out
+
+    def _out(self, x):
+        return _reference16(x)
+
+    def prepare(self, x):
+        box = {}
+
+        def launch():
+            type(self).launches += 1
+            box["out"] = self._out(x)
+        return Prepared(launch, output=lambda: box["out"], close=box.clear, variant="numpy fp32")
+
+    def synchronize(self):
+        pass
+
+
+class NoSinkPeer(FakeKernel):
+    """A peer without a sink and without a window (like SDPA)."""
+
+    name = "nosink-peer"
+
+    def supports(self, case):
+        return case.sink == "none" and case.window < 0
+
+
+class SinkPeer(FakeKernel):
+    name = "sink-peer"
+
+
+class WrongPeer(FakeKernel):
+    """Off by 0.05 in one row of the middle sampled block of a 120-row chunk."""
+
+    name = "wrong-peer"
+    row = 60
+
+    def _out(self, x):
+        out = _reference16(x).astype(np.float32)
+        if self.row < out.shape[1]:
+            out[:, self.row] += 0.05
+        return out.astype(np.float16)
+
+
+class WrongUnsampledPeer(WrongPeer):
+    """Off only in row 40, between the sampled blocks (0-32, 44-76, 88-120)."""
+
+    name = "wrong-unsampled-peer"
+    row = 40
+
+
+class RaisingPeer(FakeKernel):
+    name = "raising-peer"
+
+    def prepare(self, x):
+        raise RuntimeError("no kernel image for this device")
+
+
+class NoPrepare:
+    name = "no-prepare"
+
+    def supports(self, case):
+        return True
+
+    def run(self, x):
+        return FakeKernel().run(x)
+
+
+class NoHashKernel(FakeKernel):
+    name = "no-hash"
+    source_hash = None
+
+
+class RunCheckedKernel(FakeKernel):
+    """prepare() returns a bare callable: the check goes through run()."""
+
+    name = "run-checked"
+
+    def prepare(self, x):
+        return lambda: None
+
+
+class WrongKernel(WrongPeer):
+    name = "wrong-kernel"
+    row = 0
+
+
+class FakeTimer:
+    """Each burst: the call launched once (so a failure shows), then ``reps`` times of
+    ``ms[name]`` (default 1 ms). Records (call name, warmup, reps)."""
+
+    method = "fake timer"
+
+    def __init__(self, ms=None):
+        self.ms, self.bursts = dict(ms or {}), []
+
+    def __call__(self, call, *, warmup, reps):
+        call.fn()
+        call.sync()
+        self.bursts.append((call.name, warmup, reps))
+        name, _, mode = call.name.rpartition("|")
+        return [self.ms.get(call.name, self.ms.get(name, 1.0))] * reps
+
+
+TINY = """
+description = "tiny shapes for CPU tests"
+
+[families.tiny]
+Hq = 4
+Hkv = 2
+d = 16
+sink = true
+why = "small"
+
+[families.plain]
+Hq = 4
+Hkv = 4
+d = 16
+
+[[shape]]
+family = "tiny"
+sq = 8
+past_len = 4
+target_ms = 2.0
+
+[[shape]]
+family = "tiny"
+sq = 120
+past_len = 50
+window = 16
+target_ms = 0.5
+
+[[shape]]
+family = "plain"
+sq = 20
+past_len = 3
+
+[[flat]]
+shapes = ["tiny-8@4", "tiny-120@50-w16"]
+limit = 1.2
+why = "test"
+"""
+
+
+@pytest.fixture
+def shapes_file(tmp_path):
+    p = tmp_path / "tiny.toml"
+    p.write_text(TINY)
+    return p
+
+
+@pytest.fixture
+def fake_timer(monkeypatch):
+    t = FakeTimer()
+    monkeypatch.setattr(bench, "make_timer", lambda T: t)
+    return t
+
+
+def bench_json(capsys, shapes_file, *argv, kernel=f"{HERE}:FakeKernel", peers=None):
+    args = ["bench", "--kernel", kernel, "--shapes", str(shapes_file), "--json", "-", "-q",
+            "--reps", "20", "--rounds", "2"]
+    if peers is not None:
+        args += ["--peers", peers]
+    code, out, err = run_cli(capsys, *args, *argv)
+    return code, (json.loads(out) if out.strip() else None), err
+
+
 # --------------------------------------------------------------------------- FLOPs
 
 def brute_force_flops(shape: bench.Shape) -> float:
     """4 * d * Hq * B * (number of visible (query, key) pairs), counted pair by pair."""
-    g = shape.geometry
     p = shape.past_len + np.arange(shape.sq)[:, None]
     j = np.arange(shape.skv)[None, :]
-    return 4.0 * g["d"] * g["Hq"] * g["B"] * int(visible(p, j, shape.window).sum())
+    return 4.0 * shape.d * shape.Hq * shape.B * int(visible(p, j, shape.window).sum())
 
 
 @pytest.mark.parametrize("name", [
@@ -41,13 +232,12 @@ def brute_force_flops(shape: bench.Shape) -> float:
 ])
 def test_flops_match_a_brute_force_count(name):
     s = bench.parse_shape(name)
-    assert s.flops() == brute_force_flops(s)
+    assert s.flops() == brute_force_flops(s) == s.case(True).flops
 
 
 def test_flops_of_the_default_shapes_in_closed_form():
     gpt = 4 * 64 * 64  # 4 * d * Hq * B
-    s = bench.parse_shape("gptoss-512@8192")  # rows see 8193 .. 8704 keys
-    assert s.flops() == gpt * (8193 + 8704) * 512 // 2
+    assert bench.parse_shape("gptoss-512@8192").flops() == gpt * (8193 + 8704) * 512 // 2
     assert bench.parse_shape("gptoss-512@15872-w128").flops() == gpt * 512 * 128
     assert bench.parse_shape("gptoss-16384@0").flops() == gpt * 16384 * 16385 // 2
     w = bench.parse_shape("gptoss-16384@0-w128").flops()  # 127 warm-up rows, then 128 each
@@ -60,53 +250,101 @@ def test_the_formula_is_written_out():
     assert "FLOPs = 4 * d * Hq * B * sum_rows(visible keys of the row)" in bench.__doc__
 
 
-# --------------------------------------------------------------------------- shapes and flags
+# --------------------------------------------------------------------------- the shapes file
 
-def test_default_shapes_and_targets():
-    names = [s.name for s in bench.default_shapes()]
-    assert names == list(bench.DEFAULT_SHAPE_NAMES)
-    assert {s.family for s in bench.default_shapes()} == {"gptoss", "d128"}
-    t = {s.name: s.target_ms for s in bench.default_shapes()}
+def test_the_default_shapes_and_targets_come_from_the_repos_file():
+    spec, shapes = bench.resolve_shapes(None)
+    assert spec.path == ROOT / "benchmarks" / "shapes.toml"
+    assert [s.name for s in shapes] == [
+        "gptoss-512@8192", "gptoss-512@15872", "gptoss-512@512-w128", "gptoss-512@8192-w128",
+        "gptoss-512@15872-w128", "gptoss-16384@0", "gptoss-16384@0-w128", "d128-512@8192",
+        "d128-16384@0"]
+    t = {s.name: s.target_ms for s in shapes}
     assert t["gptoss-512@8192"] == 0.25 and t["gptoss-512@15872"] == 0.46
     assert t["gptoss-512@512-w128"] == t["gptoss-512@8192-w128"] == t["gptoss-512@15872-w128"] == 0.03
     assert t["gptoss-16384@0"] == 5.0 and t["gptoss-16384@0-w128"] == 0.15
     assert t["d128-512@8192"] is None and t["d128-16384@0"] is None
+    assert all(s.sink for s in shapes)
     s = bench.parse_shape("d128-16384@0")
     assert (s.geometry, s.skv, s.window) == (dict(B=1, Hq=32, Hkv=8, d=128), 16384, -1)
+    (flat,) = spec.flat
+    assert flat.shapes == ["gptoss-512@512-w128", "gptoss-512@8192-w128", "gptoss-512@15872-w128"]
+    assert flat.limit == 1.10
 
 
-def test_parse_shapes_lists_families_all_and_dedupes():
-    assert [s.name for s in bench.parse_shapes("all")] == list(bench.DEFAULT_SHAPE_NAMES)
-    assert [s.name for s in bench.parse_shapes("d128")] == ["d128-512@8192", "d128-16384@0"]
-    got = bench.parse_shapes(" gptoss-0512@8192-w128 , gptoss-512@8192-w128,gptoss-1024@4096 ")
-    assert [s.name for s in got] == ["gptoss-512@8192-w128", "gptoss-1024@4096"]
-    assert got[0].target_ms == 0.03 and got[1].target_ms is None
+def test_shapes_by_name_family_all_and_a_file(shapes_file):
+    names = lambda text: [s.name for s in bench.resolve_shapes(text)[1]]  # noqa: E731
+    assert names("all") == names(None)
+    assert names("d128") == ["d128-512@8192", "d128-16384@0"]
+    assert names(" gptoss-0512@8192-w128 , gptoss-512@8192-w128,gptoss-1024@4096 ") == [
+        "gptoss-512@8192-w128", "gptoss-1024@4096"]
+    _, got = bench.resolve_shapes("gptoss-512@8192-w128,gptoss-1024@4096")
+    assert got[0].target_ms == 0.03 and got[1].target_ms is None and got[1].sink
+    spec, got = bench.resolve_shapes(str(shapes_file))
+    assert spec.path == shapes_file and [s.name for s in got] == ["tiny-8@4", "tiny-120@50-w16", "plain-20@3"]
+    assert [s.sink for s in got] == [True, True, False] and got[2].modes == ("nosink",)
 
 
 @pytest.mark.parametrize("text, words", [
-    ("nope", ["'nope' is not a shape name", "FAMILY-SQ@PAST[-wW]"]),
+    ("nope", ["'nope' is not a shape name", "FAMILY-SQ@PAST[-wW]", "gptoss-512@8192"]),
     ("llama-512@0", ["unknown family 'llama'", "gptoss, d128"]),
     ("gptoss-512@8192-w0", ["W >= 1"]),
     ("gptoss-0@10", ["Sq must be >= 1"]),
     (",", ["comma-separated list"]),
 ])
-def test_bad_shapes_are_rejected(text, words):
-    with pytest.raises(Exception) as e:
-        bench.parse_shapes(text)
+def test_bad_shape_names_are_rejected(text, words):
+    with pytest.raises(bench.ShapesError) as e:
+        bench.resolve_shapes(text)
     for w in words:
         assert w in str(e.value)
 
 
-def test_parse_peers():
-    assert bench.parse_peers("none") == []
-    assert bench.parse_peers("FLEX, sdpa,flex") == ["flex", "sdpa"]
-    assert bench.parse_peers("sdpa,cudnn,flex") == list(bench.PEERS)
+@pytest.mark.parametrize("edit, words", [
+    (lambda t: t.replace("sq = 8\n", "sq = 0\n"), ["shape #1", "sq: expected an integer >= 1, got 0"]),
+    (lambda t: t.replace("target_ms = 2.0", "target_ms = \"fast\""), ["shape #1", "target_ms: expected a number"]),
+    (lambda t: t.replace("window = 16", "window = 0"), ["shape #2", "window: expected -1 (no window) or W >= 1"]),
+    (lambda t: t.replace('family = "plain"', 'family = "llama"'), ["shape #3", "unknown family 'llama'"]),
+    (lambda t: t.replace("past_len = 3", "past_len = 3\nwindw = 4"), ["shape #3", "windw: unknown key"]),
+    (lambda t: t.replace("Hkv = 4", "Hkv = 3"), ["families.plain", "Hq=4 is not a multiple of Hkv=3"]),
+    (lambda t: t.replace("sink = true", "sink = 1"), ["families.tiny", "sink: expected true or false"]),
+    (lambda t: t.replace('"tiny-8@4", ', '"tiny-9@4", '), ["flat #1", "'tiny-9@4' is not a shape of this file"]),
+    (lambda t: t.replace("limit = 1.2", "limit = 0.5"), ["flat #1", "limit: expected a number >= 1"]),
+    (lambda t: t + '\n[[shape]]\nfamily = "tiny"\nsq = 8\npast_len = 4\n', ["shape #4 (tiny-8@4)", "listed already"]),
+    (lambda t: t.replace("[families.tiny]", "[families.tiny"), ["not valid TOML"]),
+    (lambda t: t.replace("[families.tiny]", "[familes.tiny]"), ["familes: unknown key"]),
+])
+def test_a_bad_shapes_file_is_an_error_naming_file_entry_and_key(tmp_path, edit, words):
+    p = tmp_path / "bad.toml"
+    p.write_text(edit(TINY))
+    with pytest.raises(bench.ShapesError) as e:
+        bench.load_shapes(p)
+    assert str(e.value).startswith(str(p))
+    for w in words:
+        assert w in str(e.value), str(e.value)
 
+
+def test_a_bad_shapes_file_exits_2_naming_it(capsys, tmp_path):
+    p = tmp_path / "bad.toml"
+    p.write_text(TINY.replace("sq = 8\n", "sq = -1\n"))
+    code, out, err = run_cli(capsys, "bench", "--kernel", f"{HERE}:FakeKernel", "--shapes", str(p))
+    assert code == 2 and out == ""
+    assert err.startswith(f"refattn bench: error: --shapes: {p}: shape #1: sq: expected") and "Traceback" not in err
+    code, _, err = run_cli(capsys, "bench", "--kernel", f"{HERE}:FakeKernel", "--shapes", str(tmp_path / "none.toml"))
+    assert code == 2 and "none.toml: cannot read" in err
+
+
+def test_without_a_shapes_file_the_error_says_where_it_looked(capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(bench, "shapes_file_candidates", lambda: [tmp_path / "a.toml", tmp_path / "b.toml"])
+    bench._DEFAULT_SPEC.clear()
+    code, _, err = run_cli(capsys, "bench", "--kernel", f"{HERE}:FakeKernel")
+    assert code == 2
+    assert f"no shapes file: looked for {tmp_path / 'a.toml'} and {tmp_path / 'b.toml'}" in err
+    assert "--shapes path/to/shapes.toml" in err
+
+
+# --------------------------------------------------------------------------- flags and refusals
 
 @pytest.mark.parametrize("argv, words", [
-    (["--shapes", "nope"], ["argument --shapes", "'nope' is not a shape name", "gptoss-512@8192"]),
-    (["--shapes", "gptoss-512@8192,gptoss-1@1-w0"], ["argument --shapes", "W >= 1"]),
-    (["--peers", "sdpa,flash3"], ["argument --peers", "unknown peer 'flash3'", "sdpa, cudnn, flex"]),
     (["--peers", ""], ["argument --peers"]),
     (["--reps", "5"], ["argument --reps", ">= 20"]),
     (["--reps", "many"], ["argument --reps", "expected an int"]),
@@ -114,160 +352,219 @@ def test_parse_peers():
     (["--rounds", "0"], ["argument --rounds"]),
     (["--rounds", "31"], ["argument --rounds", "at most --reps (30)"]),
     (["--rounds", "21", "--reps", "20"], ["argument --rounds", "at most --reps (20)"]),
-    (["--kernel", "model"], ["argument --kernel", "hipkernel"]),
     (["--frobnicate"], ["unrecognized arguments: --frobnicate"]),
+    (["--peers", "flash3"], ["--peers: cannot use 'flash3'", "sdpa, cudnn, flex, fa4"]),
+    (["--kernel", "nope"], ["unknown kernel 'nope'"]),
 ])
 def test_bad_flags_exit_2_naming_the_flag(capsys, argv, words):
-    code, _, err = run_cli(capsys, "bench", *argv)
+    args = ["--kernel", f"{HERE}:FakeKernel", *argv] if "--kernel" not in argv else argv
+    code, _, err = run_cli(capsys, "bench", *args)
     assert code == 2, err
     for w in words:
         assert w in err, err
     assert "Traceback" not in err
 
 
-def test_help_shows_the_formula_and_examples(capsys):
+def test_an_adapter_without_prepare_is_refused_naming_the_member(capsys, shapes_file, fake_timer):
+    code, out, err = run_cli(capsys, "bench", "--kernel", f"{HERE}:NoPrepare", "--shapes", str(shapes_file))
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "--kernel tests.test_bench_cli:NoPrepare: the adapter 'no-prepare' has no prepare() member" in err
+    code, out, err = run_cli(capsys, "bench", "--kernel", f"{HERE}:FakeKernel", "--peers",
+                             f"{HERE}:NoPrepare", "--shapes", str(shapes_file))
+    assert code == 2 and "--peers tests.test_bench_cli:NoPrepare: the adapter 'no-prepare' has no prepare()" in err
+    assert fake_timer.bursts == []  # refused before any work
+
+
+def test_the_cpu_model_is_refused_for_want_of_prepare(capsys):
+    code, _, err = run_cli(capsys, "bench", "--kernel", "model")
+    assert code == 2 and "the adapter 'model' has no prepare() member" in err
+
+
+def test_a_peer_named_as_the_kernel_is_refused(capsys, shapes_file):
+    code, _, err = run_cli(capsys, "bench", "--kernel", f"{HERE}:FakeKernel", "--peers",
+                           f"{HERE}:FakeKernel", "--shapes", str(shapes_file))
+    assert code == 2 and "every implementation needs its own name" in err
+
+
+def test_help_shows_the_formula_the_examples_and_the_exit_status(capsys):
     code, out, _ = run_cli(capsys, "bench", "--help")
     assert code == 0
-    assert "FLOPs = 4 * d * Hq * B" in out and "--peers" in out and "exit status" in out
+    for w in ("FLOPs = 4 * d * Hq * B", "--peers", "--shapes", "examples:", "exit status: 0",
+              "benchmarks/shapes.toml", "prepare()"):
+        assert w in out, w
 
 
-def test_importing_bench_imports_neither_torch_nor_a_gpu_backend():
-    code = ("import sys, hipkernel.bench; "
-            "print(sorted(m for m in ('torch', 'hipkernel.backends', 'cuda', 'hip') if m in sys.modules))")
+def test_importing_bench_imports_neither_torch_nor_hipkernel():
+    code = ("import sys, refattn.bench, refattn.peers, refattn.timing; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'hipkernel', 'cuda', 'hip')))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
 
 
-# --------------------------------------------------------------------------- no GPU, no torch
-
-def test_no_gpu_prints_the_reason_and_exits_2(capsys, monkeypatch):
-    def no_gpu(kernel):
-        raise bench.BenchUnavailable(f"{kernel} cannot run here: no GPU backend available; tried:\n"
-                                     "  cuda: BackendUnavailable: cuInit failed: CUDA_ERROR_NO_DEVICE")
-    monkeypatch.setattr(bench, "open_backend", no_gpu)
-    monkeypatch.setattr(bench, "probe_torch", lambda: (None, NO_TORCH))
-    code, out, err = run_cli(capsys, "bench", "--shapes", "gptoss-512@8192")
-    assert code == 2 and out == ""
-    assert "refattn bench: error: needs a GPU: hipkernel cannot run here" in err
-    assert "CUDA_ERROR_NO_DEVICE" in err and NO_TORCH in err
-    assert "Traceback" not in err
+def test_a_json_path_that_cannot_be_written_is_refused_before_the_bench(capsys, tmp_path, fake_timer):
+    code, out, err = run_cli(capsys, "bench", "--kernel", f"{HERE}:FakeKernel", "--json", str(tmp_path))
+    assert code == 2 and err.strip().startswith(f"refattn bench: error: --json: {tmp_path} is a directory"), err
+    assert fake_timer.bursts == []
 
 
-def test_no_gpu_here_for_real_exits_2(capsys):
-    from hipkernel.backends import available_backends
+# --------------------------------------------------------------------------- the check
 
-    if any(be is not None for _, be, _ in available_backends()):
-        pytest.skip("a GPU backend works here: `refattn bench` would run the real benchmark")
-    code, out, err = run_cli(capsys, "bench", "--shapes", "gptoss-512@8192", "--json", "-")
-    assert code == 2 and out == ""
-    assert "refattn bench: error: needs a GPU" in err and "Traceback" not in err
-
-
-def test_peers_without_torch_are_skipped_with_the_reason():
-    avail = bench.peers_available(["sdpa", "flex"], None, NO_TORCH)
-    assert avail["sdpa"] == avail["flex"] == {"available": False, "reason": NO_TORCH}
-    assert avail["cudnn"] == {"available": False, "reason": "not requested (--peers)"}
-
-
-@pytest.fixture
-def fake_gpu(monkeypatch):
-    """A recording backend as the device, and no torch: hipkernel is 'timed' by the backend's
-    events (1 ms a call, as the fake reports), every peer is skipped with the reason."""
-    be = RecordingBackend()
-    monkeypatch.setattr(bench, "open_backend", lambda kernel: be)
-    monkeypatch.setattr(bench, "probe_torch", lambda: (None, NO_TORCH))
-    monkeypatch.setenv("HIPKERNEL_TUNE", "0")  # no autotune sweep on the fake
-    return be
+def test_the_reference_of_sampled_rows_is_the_reference_of_those_rows():
+    s = bench.Shape("t", 1, 4, 2, 16, sq=130, past_len=37, window=24, sink=True)
+    x = make_inputs(s.case(True))
+    blocks = bench.check_row_blocks(s.sq)
+    assert blocks == [(0, 32), (49, 81), (98, 130)]
+    k, v = x.clean_kv()
+    full, full_base = attention_with_baseline(x.q, k, v, **x.reference_kwargs())
+    ref, base = bench.sampled_reference(x, blocks)
+    rows = np.r_[0:32, 49:81, 98:130]
+    np.testing.assert_allclose(ref, full[:, rows], rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(base, full_base[:, rows], rtol=0, atol=1e-3)  # fp16-rounded
+    assert bench.check_row_blocks(96) == [(0, 96)] and bench.check_row_blocks(97)[1] == (32, 64)
 
 
-def test_without_torch_hipkernel_is_timed_and_peers_are_skipped(capsys, fake_gpu, tmp_path):
-    path = tmp_path / "gpu" / "bench.json"
-    code, out, err = run_cli(capsys, "bench", "--shapes", "gptoss-16@0,gptoss-16@32-w8",
-                             "--json", str(path))
+def test_a_correct_run_records_every_implementation_by_name(capsys, shapes_file, fake_timer):
+    fake_timer.ms = {"fake-kernel|sink": 0.4, "fake-kernel|nosink": 0.3, "nosink-peer": 2.0,
+                     "sink-peer": 3.0}
+    code, rec, err = bench_json(capsys, shapes_file, peers=f"{HERE}:NoSinkPeer,{HERE}:SinkPeer")
     assert code == 0, err
-    rec = json.loads(path.read_text())
-    assert rec["kind"] == "bench" and rec["ok"] is True and rec["device"] == "no device"
-    assert {"shapes", "ceilings", "flop_formula", "peers_available", "kernel_source_hash"} <= set(rec)
-    assert rec["flop_formula"] == bench.FLOP_FORMULA
-    assert rec["ceilings"] == {"reason": NO_TORCH}
-    assert all(v == {"available": False, "reason": NO_TORCH} for v in rec["peers_available"].values())
-    assert "backend events" in rec["timing"]["method"] and rec["timing"]["reps"] == 30
-    assert [r["name"] for r in rec["shapes"]] == ["gptoss-16@0", "gptoss-16@32-w8"]
-    for r in rec["shapes"]:
-        hk = r["hipkernel"]
-        assert hk["sink"]["ms"] == hk["nosink"]["ms"] == 1.0 and hk["error"] is None
-        assert hk["sink"]["tflops"] == pytest.approx(r["flops"] / 1e9 / 1.0)
-        assert hk["resident_time_ms"] == 1.0 and hk["config"] == "default (autotune off)"
-        assert {p["status"] for p in r["peers"].values()} == {"n/a"}
-        assert r["best_peer"] is None and r["ratio"] is None and r["target"] is None
-    # the launches were the kernel's, with and without the sink
-    modes = {launch["args"][11] for launch in fake_gpu.launches}
-    assert modes == {0, 1}
-    assert "FLOPs = 4 * d * Hq * B" in out and "gptoss-16@32-w8" in out and f"wrote {path}" in out
-    assert "peers: sdpa no" in err  # progress on stderr
+    assert rec["kind"] == "bench" and rec["ok"] is True and rec["kernel"] == "fake-kernel"
+    assert rec["kernel_spec"] == f"{HERE}:FakeKernel"
+    assert rec["kernel_source_hash"] == "fake-source-0123456789abcdef" and "kernel_source_hash_note" not in rec
+    assert rec["peers_requested"] == ["nosink-peer", "sink-peer"]
+    assert rec["peers_available"]["sink-peer"] == {"available": True, "reason": "",
+                                                   "source_hash": "fake-source-0123456789abcdef"}
+    assert rec["shapes_file"] == str(shapes_file) and rec["flop_formula"] == bench.FLOP_FORMULA
+    assert rec["ceilings"]["reason"].startswith("torch")
+    assert rec["check"]["rows_per_block"] == bench.CHECK_ROWS
+    first, windowed, plain = rec["shapes"]
+    res = first["results"]
+    assert set(res) == {"fake-kernel", "nosink-peer", "sink-peer"}
+    k = res["fake-kernel"]
+    assert k["role"] == "kernel" and k["sink"]["status"] == k["nosink"]["status"] == "ok"
+    assert (k["sink"]["ms"], k["nosink"]["ms"], k["sink"]["n"]) == (0.4, 0.3, 20)
+    assert k["sink"]["checked"] == "prepared launch" and k["sink"]["variant"] == "numpy fp32"
+    assert 0 < k["sink"]["rel_l2"] <= k["sink"]["gate_rel_l2"]
+    assert k["sink"]["tflops"] == pytest.approx(first["flops"] / 0.4 / 1e9)
+    # the peer without a sink is timed in the no-sink mode, the one with it in the sink mode
+    assert res["nosink-peer"]["sink"] is None and res["nosink-peer"]["nosink"]["ms"] == 2.0
+    assert res["sink-peer"]["nosink"] is None and res["sink-peer"]["sink"]["ms"] == 3.0
+    # best peer 2.0 ms, no sink: the kernel's no-sink time over it
+    assert (first["best_peer"], first["best_peer_mode"], first["ratio_basis"]) == ("nosink-peer", "nosink", "no sink")
+    assert first["ratio"] == pytest.approx(0.3 / 2.0)
+    assert first["target"] == {"ms": 2.0, "mode": "sink", "measured_ms": 0.4, "ratio": 0.2, "hit": True}
+    assert first["check_rows"] == [[0, 8]] and windowed["check_rows"] == [[0, 32], [44, 76], [88, 120]]
+    # the windowed sink shape: the no-window peer cannot run it in either mode
+    na = windowed["results"]["nosink-peer"]
+    assert na["sink"] is None and na["nosink"]["status"] == "n/a"
+    assert windowed["best_peer"] == "sink-peer" and windowed["ratio"] == pytest.approx(0.4 / 3.0)
+    # a shape without a sink has one mode
+    assert plain["results"]["fake-kernel"]["sink"] is None
+    assert plain["results"]["sink-peer"]["nosink"]["ms"] == 3.0
+    assert rec["targets"]["hits"] == ["tiny-8@4", "tiny-120@50-w16"] and rec["targets"]["misses"] == []
+    assert rec["targets"]["flat"][0]["hit"] is True
+    assert "fake-kernel" in err and "tiny-8@4" in err  # the table on stderr with --json -
 
 
-def test_json_to_stdout_and_the_table_to_stderr(capsys, fake_gpu):
-    code, out, err = run_cli(capsys, "bench", "--shapes", "gptoss-16@0", "--peers", "flex",
-                             "--json", "-", "-q")
-    assert code == 0, err
-    rec = json.loads(out)
-    assert rec["peers_requested"] == ["flex"]
-    assert rec["peers_available"]["sdpa"]["reason"] == "not requested (--peers)"
-    assert rec["shapes"][0]["peers"]["sdpa"]["reason"] == "not requested (--peers)"
-    assert "gptoss-16@0" in err  # the table
-    assert not any(line.startswith("[") for line in err.splitlines())  # no progress with -q
+def test_a_missed_target_exits_1_and_the_flatness_is_judged(capsys, shapes_file, fake_timer):
+    fake_timer.ms = {"fake-kernel|sink": 1.0}
+    code, rec, err = bench_json(capsys, shapes_file, peers="none")
+    assert code == 1 and rec["ok"] is True  # a miss fails the command, not the record
+    assert rec["targets"]["hits"] == ["tiny-8@4"] and rec["targets"]["misses"] == ["tiny-120@50-w16"]
+    (flat,) = rec["targets"]["flat"]
+    assert flat["ms"] == [1.0, 1.0] and flat["spread"] == 1.0 and flat["hit"] is True
+    assert "MISS 2.00x" in err and "1 hit, 1 missed (tiny-120@50-w16)" in err
+    fake_timer.ms = {"fake-kernel|sink": 0.2}
+    code, rec, _ = bench_json(capsys, shapes_file, peers="none")
+    assert code == 0 and rec["targets"]["misses"] == []
 
 
-def test_a_missed_target_is_reported_and_fails_only_with_strict(capsys, fake_gpu, tmp_path):
-    argv = ["bench", "--shapes", "gptoss-512@512-w128", "--json", str(tmp_path / "b.json"), "-q"]
-    code, out, _ = run_cli(capsys, *argv)
-    assert code == 0 and "MISS 33.33x" in out  # 1 ms measured by the fake, target 0.03 ms
-    assert json.loads((tmp_path / "b.json").read_text())["shapes"][0]["target"]["hit"] is False
-    code, _, _ = run_cli(capsys, *argv, "--strict")
-    assert code == 1
+def test_a_wrong_peer_is_a_mismatch_against_the_reference_and_not_timed(capsys, shapes_file, fake_timer):
+    code, rec, err = bench_json(capsys, shapes_file, peers=f"{HERE}:WrongPeer,{HERE}:SinkPeer")
+    first, windowed = rec["shapes"][:2]
+    wrong = windowed["results"]["wrong-peer"]["sink"]  # row 60: in the middle block (44-76)
+    assert wrong["status"] == "mismatch" and wrong["ms"] is None
+    assert wrong["rel_l2"] > wrong["gate_rel_l2"] and "does not match the fp64 reference" in wrong["reason"]
+    assert first["results"]["wrong-peer"]["sink"]["status"] == "ok"  # 8 rows: no row 60
+    timed_names = {b[0] for b in fake_timer.bursts}
+    assert "wrong-peer|sink" in timed_names  # on tiny-8@4 only
+    assert sum(b[0] == "wrong-peer|sink" for b in fake_timer.bursts) == 2  # 2 rounds, 1 shape
+    assert windowed["best_peer"] == "sink-peer"
+    assert rec["ok"] is True  # a peer's mismatch is reported, not a failure of the run
+    assert "tiny-120@50-w16 wrong-peer: mismatch: does not match the fp64 reference" in err
 
 
-def test_a_hipkernel_failure_is_recorded_and_exits_1(capsys, fake_gpu, tmp_path, monkeypatch):
-    def broken(self):
-        raise RuntimeError("kernel exploded")
-    monkeypatch.setattr(bench.ShapeBench, "setup", broken)
-    code, out, _ = run_cli(capsys, "bench", "--shapes", "gptoss-16@0", "--json",
-                           str(tmp_path / "b.json"), "-q")
-    rec = json.loads((tmp_path / "b.json").read_text())
+def test_the_check_samples_rows_a_peer_wrong_between_the_blocks_passes(capsys, shapes_file, fake_timer):
+    """What the sampling costs: row 40 of 120 is in no sampled block (module docstring)."""
+    code, rec, _ = bench_json(capsys, shapes_file, peers=f"{HERE}:WrongUnsampledPeer")
+    assert rec["shapes"][1]["results"]["wrong-unsampled-peer"]["sink"]["status"] == "ok"
+    assert rec["shapes"][0]["results"]["wrong-unsampled-peer"]["sink"]["status"] == "ok"  # 8 rows: no row 40
+
+
+def test_a_raising_peer_is_n_a_with_the_reason(capsys, shapes_file, fake_timer):
+    code, rec, err = bench_json(capsys, shapes_file, peers=f"{HERE}:RaisingPeer,{HERE}:SinkPeer")
+    assert code == 1 and rec["ok"] is True  # exit 1 for the missed target of tiny-120 only
+    r = rec["shapes"][0]["results"]["raising-peer"]["sink"]
+    assert r["status"] == "n/a" and r["reason"] == "RuntimeError: no kernel image for this device"
+    assert rec["shapes"][0]["best_peer"] == "sink-peer"
+
+
+def test_a_peer_that_fails_while_timed_is_n_a(capsys, shapes_file, monkeypatch):
+    class Flaky(FakeTimer):
+        def __call__(self, call, *, warmup, reps):
+            if call.name.startswith("sink-peer"):
+                raise RuntimeError("device lost")
+            return super().__call__(call, warmup=warmup, reps=reps)
+    t = Flaky()
+    monkeypatch.setattr(bench, "make_timer", lambda T: t)
+    code, rec, _ = bench_json(capsys, shapes_file, "--rounds", "4", peers=f"{HERE}:SinkPeer")
+    r = rec["shapes"][0]["results"]["sink-peer"]["sink"]
+    assert r["status"] == "n/a" and r["reason"] == "failed while timed: RuntimeError: device lost"
+    assert rec["shapes"][0]["results"]["fake-kernel"]["sink"]["n"] == 20
+
+
+def test_a_kernel_that_fails_its_check_fails_the_run(capsys, shapes_file, fake_timer):
+    code, rec, err = bench_json(capsys, shapes_file, kernel=f"{HERE}:WrongKernel", peers="none")
     assert code == 1 and rec["ok"] is False
-    assert rec["shapes"][0]["hipkernel"]["error"] == "RuntimeError: kernel exploded"
-    assert "ERROR" in out and "kernel exploded" in out
+    first = rec["shapes"][0]
+    assert first["results"]["wrong-kernel"]["sink"]["status"] == "mismatch"
+    assert first["kernel_error"].startswith("sink: mismatch: does not match the fp64 reference")
+    assert "ERROR" in err
 
 
-def test_default_json_path():
-    assert bench.default_json_path("NVIDIA H200") == Path("reports/gpu/bench-h200.json")
-    assert bench.default_json_path("NVIDIA A100-SXM4-80GB") == Path(
-        "reports/gpu/bench-nvidia-a100-sxm4-80gb.json")
+def test_a_kernel_without_source_hash_says_its_freshness_is_unknown(capsys, shapes_file, fake_timer):
+    code, rec, _ = bench_json(capsys, shapes_file, "--shapes", str(shapes_file), kernel=f"{HERE}:NoHashKernel",
+                              peers="none")
+    assert rec["kernel_source_hash"] is None
+    assert "has no source_hash()" in rec["kernel_source_hash_note"] and "freshness is unknown" in rec["kernel_source_hash_note"]
 
 
-# --------------------------------------------------------------------------- rows, ratio, targets
-
-def hk(ms, shape):
-    return bench.timing_result([ms * 1.1, ms, ms * 0.9], shape.flops())
-
-
-def peers(**kw):
-    """name=ms (timed) or name=status string."""
-    out = {}
-    for name in bench.PEERS:
-        x = kw.get(name, "n/a")
-        sink = bench.PEER_SINK[name]
-        out[name] = (bench.peer_result("ok", ms=x, flops=1e9, variant="v", rel_l2=1e-4, sink=sink)
-                     if isinstance(x, float) else bench.peer_result(x, reason=f"{name} {x}", sink=sink))
-    return out
+def test_a_prepared_call_without_output_is_checked_through_run(capsys, shapes_file, fake_timer):
+    code, rec, _ = bench_json(capsys, shapes_file, kernel=f"{HERE}:RunCheckedKernel", peers="none")
+    r = rec["shapes"][0]["results"]["run-checked"]["sink"]
+    assert r["status"] == "ok" and r["checked"] == "run()"
 
 
-def test_timing_result_takes_the_median():
-    r = bench.timing_result([3.0, 1.0, 2.0, 100.0, 2.5], flops=2e9)
-    assert r["ms"] == 2.5 and r["tflops"] == pytest.approx(2e9 / 2.5 / 1e9)
-    assert (r["n"], r["min_ms"], r["max_ms"]) == (5, 1.0, 100.0)
+def test_the_record_file_and_the_table(capsys, shapes_file, fake_timer, tmp_path):
+    fake_timer.ms = {"nosink-peer": 2.0}
+    path = tmp_path / "gpu" / "bench.json"
+    code, out, err = run_cli(capsys, "bench", "--kernel", f"{HERE}:FakeKernel", "--peers",
+                             f"{HERE}:NoSinkPeer", "--shapes", str(shapes_file), "--json", str(path),
+                             "--reps", "20", "--rounds", "4")
+    rec = json.loads(path.read_text())
+    assert rec["timing"]["rounds"] == 4 and "carryover-balanced" in rec["timing"]["order"]
+    assert f"wrote {path} (ok=True" in out and "in 4 interleaved rounds" in out
+    line = next(x for x in out.splitlines() if x.startswith("tiny-8@4 "))
+    assert "1.000" in line and "2.000" in line and "0.50x (no sink)" in line and "hit 0.50x" in line
+    assert "nosink-peer" in out.splitlines()[next(i for i, x in enumerate(out.splitlines()) if x.startswith("shape"))]
+    assert "[" in err and "tiny-8@4 (sink, nosink)" in err  # progress on stderr
+    # 3 shapes: the kernel in 2, 2, 1 modes and the peer in 1, 0, 1 (tiny-120 has a window)
+    per_shape = Counter(b[0] for b in fake_timer.bursts)
+    assert per_shape["fake-kernel|sink"] == 8 and per_shape["fake-kernel|nosink"] == 12
+    assert per_shape["nosink-peer|nosink"] == 8
+    assert all(w == 5 for _, w, _ in fake_timer.bursts)
+    assert [r for _, _, r in fake_timer.bursts[:3]] == [5, 5, 5]  # 20 reps over 4 rounds
 
 
 # --------------------------------------------------------------------------- interleaved rounds
@@ -279,28 +576,27 @@ class DriftingTimer:
     def __init__(self, base, drift=0.01):
         self.base, self.drift, self.k, self.bursts = base, drift, 0, []
 
-    def __call__(self, fn, *, warmup, reps):
-        name = fn()
-        self.bursts.append((name, warmup, reps))
+    def __call__(self, call, *, warmup, reps):
+        call.fn()
+        self.bursts.append((call.name, warmup, reps))
         out = []
         for _ in range(reps):
-            out.append(self.base[name] * (1 + self.drift * self.k))
+            out.append(self.base[call.name] * (1 + self.drift * self.k))
             self.k += 1
         return out
 
 
 def named(name, context=None):
-    return bench.Call(lambda: name, context or bench.contextlib.nullcontext)
+    return timing.Call(name, lambda: None, context=context or timing.contextlib.nullcontext)
 
 
 def test_round_reps_splits_evenly_larger_shares_first():
-    assert bench.round_reps(30, 1) == [30]
-    assert bench.round_reps(30, 3) == [10, 10, 10]
-    assert bench.round_reps(30, 4) == [8, 8, 7, 7]
-    assert sum(bench.round_reps(23, 5)) == 23
+    assert timing.round_reps(30, 1) == [30]
+    assert timing.round_reps(30, 4) == [8, 8, 7, 7]
+    assert sum(timing.round_reps(23, 5)) == 23
     for bad in (0, 31):
         with pytest.raises(ValueError, match="rounds"):
-            bench.round_reps(30, bad)
+            timing.round_reps(30, bad)
 
 
 def test_carryover_orders_are_balanced():
@@ -308,32 +604,29 @@ def test_carryover_orders_are_balanced():
     equally often and follows each other one equally often (n rows for an even n, 2n for an
     odd one)."""
     for n in range(1, 9):
-        rows = bench.carryover_orders(n)
+        rows = timing.carryover_orders(n)
         assert len(rows) == (2 * n if n % 2 else n)
         assert all(sorted(r) == list(range(n)) for r in rows)
         places = Counter((i, x) for r in rows for i, x in enumerate(r))
         assert set(places.values()) == {len(rows) // n}
         follows = Counter((a, b) for r in rows for a, b in zip(r, r[1:]))
         assert len(follows) == n * (n - 1) and len(set(follows.values())) <= 1
-    assert bench.carryover_orders(5)[0] == [0, 1, 4, 2, 3]
+    assert timing.carryover_orders(5)[0] == [0, 1, 4, 2, 3]
 
 
 def test_rounds_time_every_implementation_in_turn_in_balanced_orders():
     timer = DriftingTimer({"a": 1.0, "b": 1.0, "c": 1.0})
-    fns = {n: named(n) for n in ("a", "b", "c")}
-    times = bench.time_interleaved(timer, fns, warmup=5, reps=30, rounds=6)
+    times = timing.time_interleaved(timer, {n: named(n) for n in "abc"}, warmup=5, reps=30, rounds=6)
     order = [b[0] for b in timer.bursts]
     assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b",
                      "c", "b", "a", "a", "c", "b", "b", "a", "c"]
-    # within the rounds, each implementation follows each other one twice
     rounds = [order[i:i + 3] for i in range(0, 18, 3)]
     assert Counter((x, y) for r in rounds for x, y in zip(r, r[1:])) == \
         {(x, y): 2 for x in "abc" for y in "abc" if x != y}
     assert all(w == 5 and r == 5 for _, w, r in timer.bursts)
     assert {n: len(t) for n, t in times.items()} == {"a": 30, "b": 30, "c": 30}
-    # more rounds than the design has rows: it starts over
-    timer = DriftingTimer({"a": 1.0, "b": 1.0})
-    bench.time_interleaved(timer, {n: named(n) for n in "ab"}, warmup=0, reps=20, rounds=3)
+    timer = DriftingTimer({"a": 1.0, "b": 1.0})  # more rounds than the design has rows
+    timing.time_interleaved(timer, {n: named(n) for n in "ab"}, warmup=0, reps=20, rounds=3)
     assert [b[0] for b in timer.bursts] == ["a", "b", "b", "a", "a", "b"]
 
 
@@ -341,11 +634,11 @@ def test_rounds_share_a_drifting_clock_fairly():
     """Two implementations of the same speed under a clock that slows 1 % a call: timed in
     one burst each, the second looks a quarter slower; in 3 interleaved rounds, within 10 %."""
     base = {"a": 1.0, "b": 1.0}
-    fns = {n: named(n) for n in base}
 
     def ratio(rounds):
-        t = bench.time_interleaved(DriftingTimer(base), fns, warmup=0, reps=30, rounds=rounds)
-        ms = {n: bench.timing_result(v, 1e9)["ms"] for n, v in t.items()}
+        t = timing.time_interleaved(DriftingTimer(base), {n: named(n) for n in base}, warmup=0,
+                                    reps=30, rounds=rounds)
+        ms = {n: timing.timing_result(v, 1e9)["ms"] for n, v in t.items()}
         return ms["b"] / ms["a"]
 
     assert ratio(1) == pytest.approx(1.445 / 1.145)  # medians at calls 44.5 and 14.5
@@ -358,186 +651,112 @@ def test_an_implementation_that_fails_while_timed_is_dropped_and_reported():
     def boom():
         raise RuntimeError("peer fell over")
     errors = []
-    times = bench.time_interleaved(timer, {"a": named("a"), "b": bench.Call(boom), "c": named("c")},
-                                   warmup=1, reps=20, rounds=2,
-                                   on_error=lambda n, e: errors.append((n, str(e))))
+    times = timing.time_interleaved(timer, {"a": named("a"), "b": timing.Call("b", boom), "c": named("c")},
+                                    warmup=1, reps=20, rounds=2,
+                                    on_error=lambda n, e: errors.append((n, str(e))))
     assert set(times) == {"a", "c"} and len(times["a"]) == len(times["c"]) == 20
     assert errors == [("b", "peer fell over")]  # once: not tried again in round 2
-    # a Call runs inside its context, once a round
-    entered = []
-
-    class Ctx:
-        def __enter__(self):
-            entered.append(1)
-
-        def __exit__(self, *a):
-            return False
-    bench.time_interleaved(DriftingTimer({"a": 1.0}), {"a": named("a", Ctx)}, warmup=0,
-                           reps=20, rounds=4)
-    assert len(entered) == 4
 
 
-def test_a_peer_that_fails_while_timed_is_n_a_and_hipkernel_failing_is_raised():
-    def boom():
-        raise RuntimeError("cudnn fell over")
-    env = bench.Env(be=None, kernel="hipkernel", timer=DriftingTimer({"hk": 1.0, "flex": 2.0}),
-                    warmup=0, reps=20, requested=["sdpa", "flex"], rounds=2)
-    sb = bench.ShapeBench(env, bench.parse_shape("gptoss-16@0"))
-    sb.calls = {"hipkernel:per_head": named("hk"), "hipkernel:none": named("hk"),
-                "sdpa": bench.Call(boom), "flex": named("flex")}
-    sb.peers = {"sdpa": bench.peer_result("ok", variant="v"),
-                "flex": bench.peer_result("ok", variant="f", sink=True),
-                "cudnn": bench.peer_result("n/a", reason="not requested")}
-    sb.time_all(["sdpa", "cudnn", "flex"])
-    assert sb.peers["sdpa"]["status"] == "n/a" and "cudnn fell over" in sb.peers["sdpa"]["reason"]
-    assert sb.peers["flex"]["status"] == "ok" and sb.peers["flex"]["variant"] == "f"
-    assert sb.peers["flex"]["ms"] > 2.0 and sb.hk["per_head"]["ms"] < sb.peers["flex"]["ms"]
-    assert sb.peers["cudnn"]["ms"] is None  # not checked ok: not timed
-    sb.calls["hipkernel:none"] = bench.Call(boom)
-    with pytest.raises(RuntimeError, match="hipkernel:none failed while timed"):
-        sb.hipkernel("none")
+def test_the_hold_is_sized_by_the_one_rule_hipkernel_uses():
+    from hipkernel.backends import hold_ms_for
+
+    for host_ms, calls in ((0.04, 5), (0.0, 30), (10.0, 30), (100.0, 30)):
+        assert timing.hold_ms_for(host_ms, calls) == hold_ms_for(host_ms, calls)
 
 
-def test_bench_times_hipkernel_in_rounds_and_records_them(capsys, fake_gpu, tmp_path):
-    calls = []
-    real = fake_gpu.time_ms
+def test_the_host_timer_synchronizes_each_call():
+    seen = []
+    t = timing.HostTimer()
+    times = t(timing.Call("x", lambda: seen.append("fn"), lambda: seen.append("sync")), warmup=1, reps=2)
+    assert seen == ["fn", "sync", "fn", "sync", "fn", "sync"] and len(times) == 2
 
-    def time_ms(fn, warmup=1, reps=3):
-        calls.append((warmup, reps))
-        return real(fn, warmup=warmup, reps=reps)
-    fake_gpu.time_ms = time_ms
-    path = tmp_path / "b.json"
-    code, out, err = run_cli(capsys, "bench", "--shapes", "gptoss-16@0", "--rounds", "4",
-                             "--json", str(path), "-q")
+
+# --------------------------------------------------------------------------- the torch peers
+
+def test_the_peers_declare_their_contract_without_torch():
+    from refattn import peers
+
+    s = bench.parse_shape("gptoss-512@8192-w128")
+    full = bench.parse_shape("gptoss-512@8192")
+    sdpa, cudnn, flex, fa4 = peers.Sdpa(), peers.Cudnn(), peers.Flex(), peers.Fa4()
+    for p in (sdpa, cudnn):
+        assert p.supports(full.case(False)) and not p.supports(full.case(True))
+        assert not p.supports(s.case(False)) and "sliding-window" in p.unsupported_reason(s.case(False))
+    for p in (flex, fa4):
+        assert p.supports(s.case(True)) and p.supports(full.case(False))
+    assert all(p.requires_gpu for p in (sdpa, cudnn, flex, fa4))
+    assert [p.name for p in (sdpa, cudnn, flex, fa4)] == ["sdpa", "cudnn", "flex", "fa4"]
+    assert peers.PEERS == {"sdpa": "refattn.peers:Sdpa", "cudnn": "refattn.peers:Cudnn",
+                           "flex": "refattn.peers:Flex", "fa4": "refattn.peers:Fa4"}
+    assert bench.parse_peer_list("SDPA, flex,sdpa") == ["sdpa", "flex"] and bench.parse_peer_list("none") == []
+
+
+def test_peers_that_cannot_run_here_are_n_a_with_the_reason(capsys, shapes_file, fake_timer):
+    try:
+        import torch  # noqa: F401
+        pytest.skip("torch imports here")
+    except ImportError:
+        pass
+    code, rec, err = bench_json(capsys, shapes_file, peers="sdpa,cudnn,flex,fa4")
+    assert set(rec["peers_available"]) == {"sdpa", "cudnn", "flex", "fa4"}
+    assert all(not v["available"] and v["reason"].startswith("torch not importable")
+               for v in rec["peers_available"].values())
+    r = rec["shapes"][0]["results"]
+    assert r["sdpa"]["nosink"]["status"] == "n/a" and r["flex"]["sink"]["status"] == "n/a"
+    assert rec["shapes"][0]["best_peer"] is None and rec["shapes"][0]["ratio"] is None
+    assert "peers: sdpa no (torch not importable" in err
+
+
+# --------------------------------------------------------------------------- hipkernel
+
+@pytest.fixture
+def model_gpu(monkeypatch):
+    """hipkernel's backend: one whose launches run the model (tests.test_fuzz), autotune off."""
+    from tests.test_fuzz import ModelBackend
+
+    be = ModelBackend(arch="sm_90")
+    import hipkernel.backends as backends
+    monkeypatch.setattr(backends, "get_backend", lambda name=None: be)
+    monkeypatch.setenv("HIPKERNEL_TUNE", "0")
+    return be
+
+
+def test_hipkernel_prepare_uploads_once_and_launches_without_synchronize(model_gpu):
+    from hipkernel.adapter import HipKernel
+
+    s = bench.Shape("t", 1, 8, 2, 64, sq=40, past_len=24, window=16, sink=True)
+    x = make_inputs(s.case(True))
+    k = HipKernel()
+    p = k.prepare(x)
+    uploads = [c for c in model_gpu.calls if c[0] == "htod"]
+    assert len(uploads) == 5  # q, k, v, out (the canaries), sink
+    n = len(model_gpu.calls)
+    p()
+    p()
+    later = [c[0] for c in model_gpu.calls[n:]]
+    assert later.count("launch") == 2 and "synchronize" not in later and "htod" not in later
+    k.synchronize()
+    assert model_gpu.calls[-1] == ("synchronize",)
+    blocks = bench.check_row_blocks(s.sq, 8)
+    ref, base = bench.sampled_reference(x, blocks)
+    assert bench.judge_output(p.output(), x.q.shape, blocks, ref, base)["passed"]
+    assert p.variant == "default (autotune off)"
+    p.close()
+    assert not model_gpu._mem
+
+
+def test_refattn_bench_of_hipkernel_on_a_model_backend(capsys, model_gpu, fake_timer, tmp_path):
+    from hipkernel import api
+
+    shapes = tmp_path / "s.toml"
+    shapes.write_text('[families.g]\nHq = 8\nHkv = 2\nd = 64\nsink = true\n\n[[shape]]\nfamily = "g"\n'
+                      'sq = 40\npast_len = 24\nwindow = 16\n')
+    code, rec, err = bench_json(capsys, shapes, kernel="hipkernel", peers=f"{HERE}:SinkPeer")
     assert code == 0, err
-    rec = json.loads(path.read_text())
-    assert rec["timing"]["rounds"] == 4 and "carryover-balanced" in rec["timing"]["order"]
-    assert "in 4 interleaved rounds" in out
-    # both sink modes, 4 rounds each of 8, 8, 7, 7 calls; then the resident figure (30)
-    assert calls[:8] == [(5, 8), (5, 8), (5, 8), (5, 8), (5, 7), (5, 7), (5, 7), (5, 7)]
-    assert rec["shapes"][0]["hipkernel"]["sink"]["n"] == 30
-
-
-def test_best_peer_is_the_fastest_timed_one():
-    assert bench.best_peer(peers(sdpa=0.2, cudnn=0.15, flex=0.3)) == "cudnn"
-    assert bench.best_peer(peers(sdpa=0.2, cudnn="mismatch", flex=0.3)) == "sdpa"
-    assert bench.best_peer(peers()) is None
-
-
-def test_ratio_is_like_for_like_with_the_best_peer():
-    s = bench.parse_shape("gptoss-512@8192")
-    # best is cudnn (no sink): hipkernel's no-sink time over it
-    row = bench.shape_row(s, s.flops(), hk(0.24, s), hk(0.20, s), peers(sdpa=0.25, cudnn=0.16, flex=0.4))
-    assert row["best_peer"] == "cudnn" and row["ratio_basis"] == "no sink"
-    assert row["ratio"] == pytest.approx(0.20 / 0.16) and row["best_peer_ms"] == 0.16
-    # best is flex (sink): hipkernel's sink time over it
-    row = bench.shape_row(s, s.flops(), hk(0.24, s), hk(0.20, s), peers(flex=0.30, sdpa="mismatch"))
-    assert row["best_peer"] == "flex" and row["ratio_basis"] == "sink"
-    assert row["ratio"] == pytest.approx(0.24 / 0.30)
-    row = bench.shape_row(s, s.flops(), hk(0.24, s), hk(0.20, s), peers())
-    assert row["best_peer"] is None and row["ratio"] is None and row["ratio_basis"] is None
-
-
-def test_target_hit_and_miss_use_the_sink_time():
-    s = bench.parse_shape("gptoss-512@8192")  # target 0.25 ms
-    hit = bench.shape_row(s, s.flops(), hk(0.25, s), hk(0.30, s), peers())["target"]
-    assert hit == {"ms": 0.25, "measured_ms": 0.25, "ratio": pytest.approx(1.0), "hit": True}
-    miss = bench.shape_row(s, s.flops(), hk(0.30, s), hk(0.20, s), peers())["target"]
-    assert miss["hit"] is False and miss["ratio"] == pytest.approx(1.2)
-    failed = bench.shape_row(s, s.flops(), None, None, peers(), error="RuntimeError: x")["target"]
-    assert failed["hit"] is None and failed["measured_ms"] is None
-    d = bench.parse_shape("d128-512@8192")
-    assert bench.shape_row(d, d.flops(), hk(1.0, d), hk(1.0, d), peers())["target"] is None
-
-
-def window_rows(*ms):
-    return [bench.shape_row(s, s.flops(), hk(m, s), hk(m, s), peers())
-            for s, m in zip(map(bench.parse_shape, bench.FLAT_GROUP), ms)]
-
-
-def test_window_flatness_across_the_cache():
-    flat = bench.judge_targets(window_rows(0.020, 0.021, 0.0215))
-    assert flat["flat"]["hit"] is True and flat["flat"]["spread"] == pytest.approx(1.075)
-    assert flat["hits"] == list(bench.FLAT_GROUP) and flat["misses"] == []
-    steep = bench.judge_targets(window_rows(0.020, 0.025, 0.031))
-    assert steep["flat"]["hit"] is False and steep["flat"]["spread"] == pytest.approx(1.55)
-    assert steep["misses"] == ["gptoss-512@15872-w128"]  # 0.031 > 0.03
-    assert bench.judge_targets(window_rows(0.02, 0.02))["flat"] is None  # one shape not run
-
-
-def fake_body():
-    rows = window_rows(0.020, 0.021, 0.0215)
-    s = bench.parse_shape("gptoss-512@8192")
-    rows.append(bench.shape_row(s, s.flops(), hk(0.30, s), hk(0.28, s),
-                                peers(sdpa=0.26, cudnn="mismatch", flex=0.5), config="m4_b64",
-                                resident_ms=0.35))
-    ceilings = {"gemm_fp16": {"n": 8192, "flops": 2.0 * 8192 ** 3, "ms": 1.5,
-                              "tflops": 2.0 * 8192 ** 3 / 1.5 / 1e9, "formula": "2 * n^3"},
-                "copy": {"bytes": 2 << 30, "ms": 0.514, "tbps": (2 << 30) / 0.514 / 1e9,
-                         "formula": "read + write"}}
-    avail = {p: {"available": True, "reason": f"{p} ok"} for p in bench.PEERS}
-    timing = {"method": "events", "statistic": "median", "warmup": 5, "reps": 30}
-    meta = {"kernel": "hipkernel", "device": "NVIDIA H200", "arch": "sm_90", "torch": "2.11.0"}
-    return bench.make_body(rows, ceilings=ceilings, peers_available=avail, timing=timing, meta=meta)
-
-
-def test_the_record_body_from_fake_timings():
-    from hipkernel import record
-
-    body = fake_body()
-    rec = record.stamp("bench", "NVIDIA H200", body, ok=bench.body_ok(body))
-    doc = json.loads(json.dumps(rec, allow_nan=False))
-    assert doc["kind"] == "bench" and doc["ok"] is True and doc["device"] == "NVIDIA H200"
-    assert record.check_record(doc) == []
-    assert doc["flop_formula"] == bench.FLOP_FORMULA
-    assert set(doc["ceilings"]) == {"gemm_fp16", "copy"}
-    assert set(doc["peers_available"]) == set(bench.PEERS)
-    row = doc["shapes"][-1]
-    assert set(row) == {"name", "geometry", "flops", "hipkernel", "peers", "best_peer", "best_peer_ms",
-                        "ratio", "ratio_basis", "target"}
-    assert row["geometry"] == {"name": "gptoss-512@8192", "family": "gptoss", "B": 1, "Hq": 64, "Hkv": 8,
-                               "d": 64, "sq": 512, "past_len": 8192, "skv": 8704, "window": -1,
-                               "dtype": "fp16"}
-    assert set(row["hipkernel"]) == {"sink", "nosink", "config", "resident_time_ms", "error"}
-    assert set(row["hipkernel"]["sink"]) >= {"ms", "tflops", "n"}
-    assert set(row["peers"]["sdpa"]) == {"status", "ms", "tflops", "sink", "variant", "rel_l2",
-                                         "reason", "rejected"}
-    assert row["best_peer"] == "sdpa" and row["ratio"] == pytest.approx(0.28 / 0.26)
-    assert doc["targets"]["misses"] == ["gptoss-512@8192"] and doc["targets"]["flat"]["hit"] is True
-
-
-def test_the_table_from_fake_timings():
-    text = bench.format_report(fake_body())
-    assert bench.FLOP_FORMULA in text
-    assert "fp16 GEMM 8192^3 1.500 ms = 733 TF/s" in text and "4.18 TB/s" in text
-    line = next(x for x in text.splitlines() if x.startswith("gptoss-512@8192 "))
-    assert "0.3000" in line and "0.2800" in line and "0.2600" in line and "mismatch" in line
-    assert "1.08x (no sink)" in line and "MISS 1.20x" in line
-    assert "hit 0.67x" in next(x for x in text.splitlines() if x.startswith("gptoss-512@512-w128"))
-    assert "targets (hipkernel with sink): 3 hit, 1 missed (gptoss-512@8192)" in text
-    assert "max/min = 1.075 (limit 1.10) hit" in text
-    assert "gptoss-512@8192 cudnn: mismatch: cudnn mismatch" in text
-
-
-def test_when_every_peer_disagrees_the_kernel_is_the_suspect():
-    s = bench.parse_shape("gptoss-512@8192")
-    row = bench.shape_row(s, s.flops(), hk(0.2, s), hk(0.2, s), peers(sdpa="mismatch", flex="mismatch"))
-    body = bench.make_body([row], ceilings={}, peers_available={}, timing={}, meta={})
-    assert "every peer that ran disagrees with hipkernel: suspect the kernel" in bench.format_report(body)
-    row = bench.shape_row(s, s.flops(), hk(0.2, s), hk(0.2, s), peers(sdpa=0.3, flex="mismatch"))
-    body = bench.make_body([row], ceilings={}, peers_available={}, timing={}, meta={})
-    assert "suspect the kernel" not in bench.format_report(body)
-
-
-def test_why_no_configuration_ran_groups_the_errors():
-    why = bench._why_none_ran(["a, native GQA: RuntimeError: no kernel",
-                               "b, native GQA: RuntimeError: no kernel",
-                               "a, KV heads repeated x8: ValueError: bad"])
-    assert why == ("RuntimeError: no kernel (tried: a, native GQA; b, native GQA); "
-                   "ValueError: bad (tried: a, KV heads repeated x8)")
-
-
-def test_a_json_path_that_cannot_be_written_is_refused_before_the_bench(capsys, tmp_path, monkeypatch):
-    monkeypatch.setattr(bench, "open_backend", lambda *a: (_ for _ in ()).throw(AssertionError("benched")))
-    code, out, err = run_cli(capsys, "bench", "--shapes", "gptoss-512@8192", "--json", str(tmp_path))
-    assert code == 2 and err.strip().startswith(f"refattn bench: error: --json: {tmp_path} is a directory"), err
+    assert rec["kernel"] == "hipkernel" and rec["kernel_source_hash"] == api.source_hash()
+    r = rec["shapes"][0]["results"]["hipkernel"]
+    assert r["sink"]["status"] == r["nosink"]["status"] == "ok"
+    assert r["sink"]["checked"] == "prepared launch"
+    assert {launch["args"][11] for launch in model_gpu.launches} == {0, 1}  # both sink modes
+    assert not model_gpu._mem  # every buffer freed

@@ -41,22 +41,76 @@ def test_checker_flags_stale_and_failing_records():
 
 def test_a_bench_record_without_any_peer_is_flagged():
     """The committed bench must compare: a run whose torch did not import (torch not importable in
-    the timing process) times hipkernel alone and is refused."""
+    the timing process) times hipkernel alone and is refused. (Checked against the record's own
+    hash: its freshness is the test above.)"""
     rec = json.loads((GPU_DIR / "bench-h200.json").read_text())
-    assert record.check_record(rec) == []
+    own = rec["kernel_source_hash"]
+    assert record.check_record(rec, own) == []
     assert any(p["available"] for p in rec["peers_available"].values())
     alone = copy.deepcopy(rec)
     why = "torch not importable: RuntimeError: expected ident but found ')' here:\n  annotate"
     alone["peers_available"] = {n: {"available": False, "reason": why} for n in ("sdpa", "flex")}
-    (problem,) = record.check_record(alone)
+    (problem,) = record.check_record(alone, own)
     assert problem.startswith("no peer ran in this bench (torch not importable: RuntimeError: "
                               "expected ident but found ')' here: annotate)")
     del alone["peers_available"]
-    assert record.check_record(alone) == [
+    assert record.check_record(alone, own) == [
         "missing field 'peers_available' (which peers the bench could run)"]
     not_asked = {**rec, "peers_available": {"sdpa": {"available": False,
                                                      "reason": "not requested (--peers)"}}}
-    assert "not requested (--peers)" in record.check_record(not_asked)[0]
+    assert "not requested (--peers)" in record.check_record(not_asked, own)[0]
+
+
+def _engine_record(tmp_path, monkeypatch, peers: str) -> dict:
+    """A bench record of refattn.bench: NumPy adapters on tiny shapes, a fake timer."""
+    from refattn import bench, cli
+    from tests.test_bench_cli import TINY, FakeTimer
+
+    monkeypatch.setattr(bench, "make_timer", lambda T: FakeTimer({"sink-peer": 2.0}))
+    shapes, out = tmp_path / "tiny.toml", tmp_path / "bench.json"
+    shapes.write_text(TINY.replace("target_ms = 0.5", "target_ms = 5.0"))
+    assert cli.main(["bench", "--kernel", "tests.test_bench_cli:FakeKernel", "--peers", peers,
+                     "--shapes", str(shapes), "--json", str(out), "-q", "--reps", "20"]) == 0
+    return json.loads(out.read_text())
+
+
+def test_a_bench_record_of_refattn_bench_is_read_and_must_have_timed_a_peer(tmp_path, monkeypatch):
+    """refattn.bench's record (results keyed by adapter name) passes the checker when a peer
+    was timed, and is refused when every peer was n/a or mismatched on every shape."""
+    rec = _engine_record(tmp_path, monkeypatch, "tests.test_bench_cli:SinkPeer")
+    own = rec["kernel_source_hash"]
+    assert record.check_record(rec, own) == []
+    assert record.check_record(rec, "0" * 64)[0].startswith("stale: recorded hash fake-source-")
+    rec = _engine_record(tmp_path, monkeypatch,
+                         "tests.test_bench_cli:RaisingPeer,tests.test_bench_cli:WrongKernel")
+    (problem,) = record.check_record(rec, own)
+    assert problem.startswith("no peer was timed on any shape of this bench (")
+    assert "raising-peer: n/a: RuntimeError: no kernel image for this device" in problem
+    bad = copy.deepcopy(rec)
+    bad["shapes"][0]["results"]["fake-kernel"]["sink"]["ms"] = "0.1"
+    assert record.check_record(bad, own) == [
+        "shapes[0].results.fake-kernel.sink.ms: expected a finite number, got a string"]
+    bad["shapes"][0]["results"] = [1]
+    assert record.check_record(bad, own) == ["shapes[0].results: expected an object, got a list"]
+
+
+def test_the_report_reads_both_bench_formats(tmp_path, monkeypatch):
+    """The report's bench table: from refattn.bench's record the kernel's time in the shape's
+    own mode and each timed peer's ratio in the peer's mode; from the committed record of the
+    engine before it, hipkernel's sink time and the same ratios."""
+    from refattn import report
+
+    rec = _engine_record(tmp_path, monkeypatch, "tests.test_bench_cli:SinkPeer,tests.test_bench_cli:NoSinkPeer")
+    entry = report._bench_entry("gpu/bench.json", rec)
+    assert entry["kernel"] == "fake-kernel"
+    first = entry["rows"][0]
+    assert first["case"] == "tiny-8@4" and first["kernel_ms"] == 1.0
+    assert {p["peer"]: p["ratio"] for p in first["peers"]} == {"sink-peer": 2.0, "nosink-peer": 1.0}
+    old = json.loads((GPU_DIR / "bench-h200.json").read_text())
+    entry = report._bench_entry("gpu/bench-h200.json", old)
+    row = entry["rows"][0]
+    assert row["kernel_ms"] == old["shapes"][0]["hipkernel"]["sink"]["ms"]
+    assert {p["peer"] for p in row["peers"]} == {"sdpa", "cudnn", "flex"}
 
 
 def test_a_scaling_record_is_carried_across_kernel_edits_and_must_still_pass():
@@ -131,19 +185,19 @@ def test_collect_writes_the_records_of_the_runs(tmp_path):
 
 
 def test_collect_names_the_command_that_made_the_kill_matrices(tmp_path):
-    """mma-check-h200.json says which script ran it: h200x2_records.sh's mma_check has a
-    sweep section, the one-call script's has none (its kill matrices ran beside the
+    """mma-check-h200.json says how the script ran it: on two GPUs its mma_check has a
+    sweep section, on one none (its kill matrices ran beside the
     sanitizers, and the timed sweep was left out)."""
     rec_dir, rel_dir, scaling = _device_outputs(tmp_path)
     record.collect(rec_dir, rel_dir, scaling, tmp_path / "two")
     two = json.loads((tmp_path / "two" / "mma-check-h200.json").read_text())
-    assert two["command"] == record.MMA_CHECK_COMMAND and "h200x2_records.sh" in two["command"]
+    assert two["command"] == record.MMA_CHECK_COMMAND and "GPUS=2" in two["command"]
     raw = json.loads((rec_dir / "mma_check.json").read_text())
     del raw["sweep"]
     (rec_dir / "mma_check.json").write_text(json.dumps(raw))
     record.collect(rec_dir, rel_dir, scaling, tmp_path / "one")
     one = json.loads((tmp_path / "one" / "mma-check-h200.json").read_text())
-    assert "h200_records_one_call.sh" in one["command"] and "sweep" not in one
+    assert "GPUS=1" in one["command"] and "sweep" not in one
     assert record.check_dir(tmp_path / "one", require=("mma-check-h200.json",)) == []
 
 

@@ -192,7 +192,7 @@ def _stamped(kind: str, **body) -> dict:
 @pytest.fixture
 def all_kinds(with_baseline, capsys) -> Path:
     """The inputs of ``with_baseline`` with a record of each further kind in gpu/: a GPU kill
-    matrix, a reliability record, an mma_check record and a bench record of hipkernel.bench's
+    matrix, a reliability record, an mma_check record and a bench record of refattn.bench's
     own body (``shapes``). The report of them passes ``--check``."""
     gpu = with_baseline / "gpu"
     mutant = {"name": "sink_ignored", "breaks": "the sink is left out", "killed": True,

@@ -338,7 +338,7 @@ def _host_array(name: str, arr, writable: bool):
 # A hold: one GPU thread spinning on the SM clock for a given number of cycles. Queued before
 # timed work, it keeps the stream busy while the host enqueues that work, so that events
 # around each call bracket device time only, however slow the host's launches are
-# (hipkernel.bench does the same with torch.cuda._sleep). One source for NVRTC and hiprtc.
+# (refattn.timing does the same with torch.cuda._sleep). One source for NVRTC and hiprtc.
 HOLD_SOURCE = """extern "C" __global__ void hk_hold(long long cycles) {
     const long long t0 = clock64();
     while (clock64() - t0 < cycles) {
@@ -356,7 +356,7 @@ def hold_ms_for(host_ms: float, calls: int, cap_ms: float = HOLD_MAX_MS) -> floa
     """How long to hold the GPU before ``calls`` timed calls that take the host ``host_ms``
     each to enqueue, so that all of them are queued before the first runs: HOLD_MARGIN times
     their host time plus HOLD_BASE_MS, at most ``cap_ms``. The tuner's sweep
-    (``api.tune_times_ms``) and the bench's torch timer (``hipkernel.bench``) size theirs so."""
+    (``api.tune_times_ms``) and the bench's torch timer (``refattn.timing``) size theirs so."""
     return min(cap_ms, HOLD_MARGIN * calls * host_ms + HOLD_BASE_MS)
 
 
