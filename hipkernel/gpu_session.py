@@ -128,15 +128,19 @@ def section_reliability(be, out: Path, suites, fuzz_n: int, sanitizer_logs) -> N
 
 
 def section_bench(be, out: Path) -> None:
-    from refattn import bench
+    """``refattn bench --kernel hipkernel:<backend>`` in a process of its own: the timings
+    then see a GPU that this session's sections have not touched, and torch is imported into
+    a process where no GPU runtime was initialised before it (in this one, after the other
+    sections, ``import torch`` has failed half-way, leaving the bench without its timer and
+    peers)."""
+    import subprocess
 
-    ap = argparse.ArgumentParser()
-    bench.add_arguments(ap)
-    rc = bench.run(ap.parse_args(["--kernel", "hipkernel:" + be.name,
-                                  "--json", str(out / "bench-h200.json")]))
-    if rc not in (0,):
-        raise RuntimeError(f"bench exited {rc} (the record is written; a missed target or a "
-                           f"failed check exits 1)")
+    cmd = [sys.executable, "-m", "refattn", "bench", "--kernel", "hipkernel:" + be.name,
+           "--json", str(out / "bench-h200.json")]
+    rc = subprocess.run(cmd).returncode
+    if rc != 0:
+        raise RuntimeError(f"bench exited {rc} (a missed target or a failed check exits 1; the "
+                           f"record is written unless it says otherwise): {' '.join(cmd)}")
 
 
 SECTIONS = ("matrix", "mutants", "measure", "reliability", "bench")
