@@ -92,7 +92,7 @@ class ForcedKernel(HipKernel):
             c["m_tiles"] = c["m_tiles"] if c["m_tiles"] in AMD_MMA_M_TILES else self.cfg.m_tiles
             c["bkv"] = c["bkv"] if c["bkv"] in AMD_MMA_BKV else self.cfg.bkv
         status, out = api.attention(inputs.q, inputs.k, inputs.v, out=inputs.out, config=c,
-                                    backend=self._backend or "cuda", mutants=self.mutants,
+                                    backend=self._backend or "cuda", mutants=self.active,
                                     **self._kw(inputs))
         return status, inputs.out if out is None else out
 
