@@ -211,7 +211,7 @@ def _run_args(p: argparse.ArgumentParser) -> None:
                         "past_len = 5, window = 2, sink = \"per_head\"' (repeatable)")
     p.add_argument("-k", dest="match", action="append", metavar="SUBSTRING",
                    help="only cases whose name contains SUBSTRING (repeatable: any of them)")
-    p.add_argument("--spare", type=_spare_rows, default=None, metavar="ROWS",
+    p.add_argument("--spare", type=_count_of("row", "rows", minimum=0), default=None, metavar="ROWS",
                    help="rows of NaN canaries after every case's cache (0: a tight cache, where a "
                         "read past the keys leaves the allocation; what refattn sanitize uses); "
                         "default: each case's own")
@@ -227,15 +227,17 @@ def _run_args(p: argparse.ArgumentParser) -> None:
                         "into the same table and JSON. Default 1: in-process")
 
 
-def _count_of(one: str, many: str) -> Callable[[str], int]:
-    """An argparse ``type``: a whole number >= 1 of ``one`` / ``many`` (the error says which)."""
+def _count_of(one: str, many: str, minimum: int = 1) -> Callable[[str], int]:
+    """An argparse ``type``: a whole number >= ``minimum`` of ``one`` / ``many`` (the error
+    says which)."""
     def parse(text: str) -> int:
         try:
             n = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a whole number of {many}, got {text!r}") from None
-        if n < 1:
-            raise argparse.ArgumentTypeError(f"expected at least 1 {one}, got {n}")
+        if n < minimum:
+            least = f"1 {one}" if minimum == 1 else f"{minimum} {many}"
+            raise argparse.ArgumentTypeError(f"expected at least {least}, got {n}")
         return n
     return parse
 
@@ -311,16 +313,6 @@ def _run_sharded(args, name: str, cases, progress):
         return run_sharded(name, args.suite or ["seed"], cases, args.gpus, progress=progress)
     except ShardError as e:
         raise UsageError(str(e)) from None
-
-
-def _spare_rows(text: str) -> int:
-    try:
-        x = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number of rows >= 0, got {text!r}") from None
-    if x < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number of rows >= 0, got {x}")
-    return x
 
 
 def _inline_cases(texts) -> list:

@@ -264,7 +264,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "or path/to/file.py:Class (refattn kernels lists the registered ones)")
     p.add_argument("--examples", type=_count_of("example", "examples"), default=DEFAULT_EXAMPLES,
                    metavar="N", help=f"cases to draw at most (default {DEFAULT_EXAMPLES})")
-    p.add_argument("--seed", type=_seed, default=0, metavar="S",
+    p.add_argument("--seed", type=_count_of("seed", "seed values", minimum=0), default=0, metavar="S",
                    help="seed of the draw (default 0): the same seed draws the same cases")
     p.add_argument("--max-seconds", type=_seconds, default=None, metavar="T",
                    help="stop drawing after T seconds (default: no limit)")
@@ -280,16 +280,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                 "`refattn run --case ...` command that reproduces it.\n\n"
                 "exit status: 0 no failing case found, 1 a failing case found (or the JSON could not "
                 "be written), 2 usage error")
-
-
-def _seed(text: str) -> int:
-    try:
-        x = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
-    if x < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {x}")
-    return x
 
 
 def _seconds(text: str) -> float:
