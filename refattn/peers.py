@@ -26,7 +26,8 @@ How each is configured
   ``sdp_utils.cpp``). So for a chunk over a cache ``sdpa`` gets
   ``torch.nn.attention.bias.causal_lower_right(Sq, skv)``, which torch dispatches to the flash
   op with that op's own (bottom-right) causal flag. cuDNN aligns ``is_causal`` top-left too
-  (its output differed from the reference by a relL2 of 9 on ``gptoss-512@8192``), so for
+  (on ``gptoss-512@8192`` its output differed from hipkernel's, which passes the
+  reference, by a relL2 of 9), so for
   ``Sq != skv`` it gets a dense additive fp16 mask, 0 where key j <= past_len + i and -inf
   elsewhere, built in ``prepare``. When ``Sq == skv`` the alignments coincide and
   ``is_causal=True`` is used. FlashAttention's and Flex's masks are bottom-right by
