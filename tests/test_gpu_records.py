@@ -96,8 +96,8 @@ def test_a_bench_record_of_refattn_bench_is_read_and_must_have_timed_a_peer(tmp_
 
 def test_the_report_reads_both_bench_formats(tmp_path, monkeypatch):
     """The report's bench table: from refattn.bench's record the kernel's time in the shape's
-    own mode and each timed peer's ratio in the peer's mode; from the committed record of the
-    engine before it, hipkernel's sink time and the same ratios."""
+    own mode and each timed peer's ratio in the peer's mode; from a record of the engine before
+    it, hipkernel's sink time and the same ratios."""
     from refattn import report
 
     rec = _engine_record(tmp_path, monkeypatch, "tests.test_bench_cli:SinkPeer,tests.test_bench_cli:NoSinkPeer")
@@ -106,11 +106,20 @@ def test_the_report_reads_both_bench_formats(tmp_path, monkeypatch):
     first = entry["rows"][0]
     assert first["case"] == "tiny-8@4" and first["kernel_ms"] == 1.0
     assert {p["peer"]: p["ratio"] for p in first["peers"]} == {"sink-peer": 2.0, "nosink-peer": 1.0}
-    old = json.loads((GPU_DIR / "bench-h200.json").read_text())
-    entry = report._bench_entry("gpu/bench-h200.json", old)
+    old = {"schema": 1, "kind": "bench", "kernel_source_hash": "ab" * 32, "device": "NVIDIA H200",
+           "ok": True, "shapes": [{  # the shape of a record of the engine before refattn.bench
+               "name": "gptoss-512@8192",
+               "hipkernel": {"sink": {"ms": 0.1567, "tflops": 452.0}, "nosink": {"ms": 0.1569, "tflops": 452.0}},
+               "peers": {"sdpa": {"status": "ok", "ms": 0.2470, "sink": False},
+                         "cudnn": {"status": "ok", "ms": 0.2938, "sink": False},
+                         "flex": {"status": "ok", "ms": 0.1969, "sink": True}}}]}
+    entry = report._bench_entry("gpu/bench-old.json", old)
     row = entry["rows"][0]
-    assert row["kernel_ms"] == old["shapes"][0]["hipkernel"]["sink"]["ms"]
+    assert row["kernel_ms"] == 0.1567
     assert {p["peer"] for p in row["peers"]} == {"sdpa", "cudnn", "flex"}
+    committed = json.loads((GPU_DIR / "bench-h200.json").read_text())  # refattn.bench's, with FA4
+    entry = report._bench_entry("gpu/bench-h200.json", committed)
+    assert {p["peer"] for p in entry["rows"][0]["peers"]} == {"sdpa", "cudnn", "flex", "fa4"}
 
 
 def test_a_scaling_record_is_carried_across_kernel_edits_and_must_still_pass():
