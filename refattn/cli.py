@@ -421,6 +421,8 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "sanitize": Subcommand("compute-sanitizer memcheck and racecheck over the case matrix",
                            module="refattn.sanitize"),
     "mutants": Subcommand("run the mutant kill matrix", module="refattn.mutants_cli"),
+    "record": Subcommand("every check a kernel unlocks, each written as a stamped record for the report",
+                         module="refattn.record"),
     "report": Subcommand("write the JSON + Markdown report", module="refattn.report"),
     # torch and the GPU runtimes are imported only when the benchmark runs
     "bench": Subcommand("benchmark a kernel against peers", module="refattn.bench"),

@@ -332,3 +332,36 @@ def test_sanitize_refuses_what_it_cannot_check(capsys):
     assert code == 2 and "requires_gpu" in err
     code, _, err = run_cli(capsys, "sanitize", "--kernel", EXAMPLE, "--cpu-ok", "--sanitizer", "/nonexistent/cs")
     assert code == 2 and "--sanitizer" in err
+
+
+# ------------------------------------------------------------------ record
+
+def test_record_writes_every_check_a_kernel_unlocks_for_the_report(capsys, tmp_path, monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)
+    d = tmp_path / "r"
+    code, out, err = run_cli(capsys, "record", "--kernel", EXAMPLE, "--out", str(d), "--suite", "contracts",
+                             "--examples", "15", "-q")
+    assert code == 0, out + err
+    assert sorted(p.name for p in d.glob("*.json")) == [
+        "determinism-numpy-example.json", "fuzz-numpy-example.json", "run-numpy-example.json"]
+    assert "declares no mutants" not in err  # -q
+    report = ["report", "--in", str(d), "--out", str(d / "out"), "--baseline", str(d / "baseline.json")]
+    assert run_cli(capsys, *report, "--update-baseline")[0] == 0
+    assert run_cli(capsys, *report, "--check")[0] == 0
+
+    code, out, err = run_cli(capsys, "record", "--kernel", PLUS_ONE, "--out", str(d / "bad"),
+                             "--suite", "contracts", "--examples", "60", "-q")
+    assert code == 1 and "FAILED: fuzz" in out  # the checks after it still ran
+    assert (d / "bad" / "determinism-numpy-window-plus-one.json").is_file()
+
+
+def test_record_runs_the_kill_matrix_of_a_kernel_that_declares_mutants(capsys, tmp_path):
+    """The model declares the catalogue; on the contracts suite it declines every case, so its
+    kill matrix kills nothing and the record says that step failed."""
+    from refattn.mutants import MUTANTS
+
+    code, out, err = run_cli(capsys, "record", "--kernel", "model", "--out", str(tmp_path),
+                             "--suite", "contracts", "--examples", "5", "-q")
+    km = json.loads((tmp_path / "mutants-model.json").read_text())
+    assert [m["name"] for m in km["mutants"]] == [m.name for m in MUTANTS] and km["kernel_spec"] == "model"
+    assert code == 1 and "FAILED: mutants:" in out and "run 0, fuzz 0, determinism 0, mutants 1" in out
