@@ -20,6 +20,7 @@ from __future__ import annotations
 
 CARRIED_KINDS = ("scaling",)
 
+
 def record_spec(rec: dict) -> str | None:
     """The kernel a record names: ``kernel_spec``, else ``kernel`` (a name or an import path,
     with any ``@CONFIG`` or ``+mutant`` suffix dropped), else None."""
