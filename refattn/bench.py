@@ -963,19 +963,9 @@ def format_report(body: dict) -> str:
 
 # --------------------------------------------------------------------------- CLI
 
-def _count(lo: int, why: str):
-    def parse(text: str) -> int:
-        try:
-            n = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an int, got {text!r}") from None
-        if n < lo:
-            raise argparse.ArgumentTypeError(f"expected an int >= {lo}{why}, got {n}")
-        return n
-    return parse
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from refattn.cli import _count_of
+
     p.description = (
         "Time a kernel adapter and its peers (torch SDPA flash, SDPA cuDNN, FlexAttention,\n"
         "FlashAttention 4, or any adapters) in one process on the same inputs, each checked\n"
@@ -1001,12 +991,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="PATH", default=None,
                    help="write the record to PATH ('-' = stdout, the table then goes to stderr); "
                         "checked before any work")
-    p.add_argument("--reps", type=_count(MIN_REPS, " (the median of at least 20 timed calls)"),
+    p.add_argument("--reps", type=_count_of("timed call", "timed calls", MIN_REPS),
                    default=DEFAULT_REPS, metavar="N",
                    help=f"timed calls per implementation (median; >= {MIN_REPS}, default {DEFAULT_REPS})")
-    p.add_argument("--warmup", type=_count(0, ""), default=DEFAULT_WARMUP, metavar="N",
+    p.add_argument("--warmup", type=_count_of("warm-up call", "warm-up calls", 0), default=DEFAULT_WARMUP, metavar="N",
                    help=f"untimed calls before each round's timed ones (default {DEFAULT_WARMUP})")
-    p.add_argument("--rounds", type=_count(1, ""), default=DEFAULT_ROUNDS, metavar="N",
+    p.add_argument("--rounds", type=_count_of("round", "rounds"), default=DEFAULT_ROUNDS, metavar="N",
                    help=f"split each implementation's --reps timed calls over N rounds, each timing "
                         f"every implementation of the shape in turn, in the orders of a "
                         f"carryover-balanced design (each follows every other equally often), so "

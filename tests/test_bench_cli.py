@@ -349,8 +349,8 @@ def test_without_a_shapes_file_the_error_says_where_it_looked(capsys, monkeypatc
 
 @pytest.mark.parametrize("argv, words", [
     (["--peers", ""], ["argument --peers"]),
-    (["--reps", "5"], ["argument --reps", ">= 20"]),
-    (["--reps", "many"], ["argument --reps", "expected an int"]),
+    (["--reps", "5"], ["argument --reps", "at least 20 timed calls"]),
+    (["--reps", "many"], ["argument --reps", "expected a whole number"]),
     (["--warmup", "-1"], ["argument --warmup"]),
     (["--rounds", "0"], ["argument --rounds"]),
     (["--rounds", "31"], ["argument --rounds", "at most --reps (30)"]),
