@@ -1,7 +1,7 @@
 """GPU benchmarks: the fused kernel (hipkernel) against torch's attention kernels and
 FlashAttention 4, each checked against the fp64 reference, then timed in one process on the
 same inputs. The pytest face of ``refattn bench`` (``refattn/bench.py`` holds the engine,
-``refattn/peers.py`` the peers, ``benchmarks/shapes.toml`` the shapes and targets; this file
+``refattn/adapters/torch_peers.py`` the peers, ``benchmarks/shapes.toml`` the shapes and targets; this file
 only drives them).
 
 Not collected by the default ``pytest`` run (testpaths = tests), and skipped, with the

@@ -9,7 +9,7 @@ Implementations
 The kernel under test (``--kernel``) and every peer (``--peers``) are adapters
 (``refattn.kernels``): a registered name, an import path ``package.module:Class``, or for a
 peer one of the short names ``sdpa``, ``cudnn``, ``flex``, ``fa4`` (the torch peers of
-``refattn.peers``). Each must have ``prepare(inputs)``: an adapter without it is refused
+``refattn.adapters.torch_peers``). Each must have ``prepare(inputs)``: an adapter without it is refused
 (exit 2, one line naming the missing member). ``prepare`` returns a callable that launches on
 device-resident copies of the inputs, with no host copy and no synchronize inside; the
 adapter's ``synchronize()`` waits for it (torch's device synchronize stands in where an
@@ -496,7 +496,7 @@ def parse_peer_list(text: str) -> list[str]:
 
 
 def _short_peers() -> dict[str, str]:
-    from refattn.peers import PEERS
+    from refattn.adapters.torch_peers import PEERS
 
     return PEERS
 
@@ -520,7 +520,7 @@ def resolve_kernel(spec: str):
 
 
 def resolve_peer(spec: str):
-    """A peer's adapter: a short name of :mod:`refattn.peers`, a registered kernel, or an
+    """A peer's adapter: a short name of :mod:`refattn.adapters.torch_peers`, a registered kernel, or an
     import path. KernelError for an unknown one, UsageError without ``prepare``."""
     from refattn.kernels import KernelError, get_kernel
 
@@ -981,7 +981,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "import path package.module:Class. Default: the best available kernel, as "
                         "for refattn run")
     p.add_argument("--peers", type=parse_peer_list, default=list(DEFAULT_PEERS), metavar="LIST",
-                   help=f"comma-separated peers: {', '.join(DEFAULT_PEERS)} (refattn.peers), a "
+                   help=f"comma-separated peers: {', '.join(DEFAULT_PEERS)} (refattn.adapters.torch_peers), a "
                         f"registered kernel or an import path; or none (default: "
                         f"{','.join(DEFAULT_PEERS)})")
     p.add_argument("--shapes", default=None, metavar="FILE|NAMES",

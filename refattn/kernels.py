@@ -16,6 +16,9 @@ and optional ones, each of which unlocks a check (:data:`OPTIONAL`):
     mutants = frozenset({...})                   catalogue mutants it implements (class attribute;
                                                  the factory takes ``mutants=`` to switch them on)
     source_hash() -> str                         what records are stamped with
+    unsupported_reason(case) -> str | None       why it declines a case, shown beside it
+    peer = True                                  an implementation others ship, compared against
+                                                 (never the default kernel of ``refattn run``)
 
 ``run`` gets a :class:`refattn.cases.Inputs`; it writes into ``inputs.out`` and returns it,
 or returns its own array (the reference does, to keep fp32). On a decline it must not touch
@@ -58,6 +61,8 @@ OPTIONAL = {
     "variants": "refattn determinism and refattn sanitize: each code path forced in turn",
     "mutants": "refattn mutants: the kill matrix",
     "source_hash": "records and reports: a result is tied to the source it ran",
+    "unsupported_reason": "refattn run: each declined case carries the kernel's reason",
+    "peer": "refattn run picks it only when named: it is a peer to compare against",
 }
 
 
@@ -166,6 +171,11 @@ class KernelEntry:
         """Whether its cases are ``gpu`` tests: the factory's ``requires_gpu`` attribute (False
         when it has none or cannot be imported)."""
         return bool(getattr(self.factory, "requires_gpu", False))
+
+    @property
+    def peer(self) -> bool:
+        """Whether it is a peer (an implementation others ship): never the default kernel."""
+        return bool(getattr(self.factory, "peer", False))
 
     @property
     def mutants(self) -> frozenset[str]:
@@ -371,13 +381,14 @@ def best_kernel() -> tuple[str, str]:
     """The kernel ``refattn run`` uses when none is named, and why: the first registered
     kernel (in name order) that needs a GPU and reports itself available here; else the
     first other registered kernel that is available (a CPU model of a GPU kernel); else the
-    reference, which checks only the harness."""
+    reference, which checks only the harness. Peers (``peer = True``: torch's kernels, ONNX
+    Runtime) are compared against, never picked."""
     entries = available_kernels()
     skipped = []
     for gpu in (True, False):
         for name in sorted(entries):
             e = entries[name]
-            if name == "reference" or not e.importable or e.requires_gpu != gpu:
+            if name == "reference" or not e.importable or e.peer or e.requires_gpu != gpu:
                 continue
             try:
                 ok, reason = kernel_available(e())

@@ -348,6 +348,9 @@ def run_case(kernel, case: Case, *, cache: ReferenceCache | None = None,
         else:
             res.outcome = "declined"
             res.note = "declined (status -1), output buffer untouched"
+            why = _decline_reason(kernel, case)
+            if why:
+                res.note += f": {why}"
         return res
 
     if status == -1:
@@ -375,6 +378,19 @@ def run_case(kernel, case: Case, *, cache: ReferenceCache | None = None,
     if case.seed_contract == "decline":
         res.note = (res.note + "; " if res.note else "") + "the seed kernel declined this case"
     return res
+
+
+def _decline_reason(kernel, case) -> str:
+    """The adapter's ``unsupported_reason(case)``, one line, or "" when it has none (or it
+    raises: the reason is a courtesy, the decline itself was already judged)."""
+    fn = getattr(kernel, "unsupported_reason", None)
+    if not callable(fn):
+        return ""
+    try:
+        why = fn(case)
+    except Exception as e:  # noqa: BLE001
+        return f"(unsupported_reason() raised {type(e).__name__})"
+    return " ".join(str(why).split())[:300] if why else ""
 
 
 def run_matrix(kernel, cases, progress=None, *, cache: ReferenceCache | None = None) -> MatrixResult:

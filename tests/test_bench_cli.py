@@ -398,7 +398,7 @@ def test_help_shows_the_formula_the_examples_and_the_exit_status(capsys):
 
 
 def test_importing_bench_imports_neither_torch_nor_hipkernel():
-    code = ("import sys, refattn.bench, refattn.peers, refattn.timing; "
+    code = ("import sys, refattn.bench, refattn.adapters.torch_peers, refattn.timing; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'hipkernel', 'cuda', 'hip')))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
@@ -678,7 +678,7 @@ def test_the_host_timer_synchronizes_each_call():
 # --------------------------------------------------------------------------- the torch peers
 
 def test_the_peers_declare_their_contract_without_torch():
-    from refattn import peers
+    from refattn.adapters import torch_peers as peers
 
     s = bench.parse_shape("gptoss-512@8192-w128")
     full = bench.parse_shape("gptoss-512@8192")
@@ -690,8 +690,8 @@ def test_the_peers_declare_their_contract_without_torch():
         assert p.supports(s.case(True)) and p.supports(full.case(False))
     assert all(p.requires_gpu for p in (sdpa, cudnn, flex, fa4))
     assert [p.name for p in (sdpa, cudnn, flex, fa4)] == ["sdpa", "cudnn", "flex", "fa4"]
-    assert peers.PEERS == {"sdpa": "refattn.peers:Sdpa", "cudnn": "refattn.peers:Cudnn",
-                           "flex": "refattn.peers:Flex", "fa4": "refattn.peers:Fa4"}
+    assert peers.PEERS == {"sdpa": "refattn.adapters.torch_peers:Sdpa", "cudnn": "refattn.adapters.torch_peers:Cudnn",
+                           "flex": "refattn.adapters.torch_peers:Flex", "fa4": "refattn.adapters.torch_peers:Fa4"}
     assert bench.parse_peer_list("SDPA, flex,sdpa") == ["sdpa", "flex"] and bench.parse_peer_list("none") == []
 
 

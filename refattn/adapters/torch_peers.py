@@ -5,7 +5,7 @@ Each is an adapter (``refattn.kernels``) with every member the bench uses: ``sup
 once; the returned :class:`refattn.timing.Prepared` launches on them and reads the output
 back), ``synchronize()``, ``available()``, ``requires_gpu = True`` and ``source_hash()`` (the
 versions of what computes: ``torch-2.11.0+cu130``, ``flash-attn-4-...``). They are named by
-import path (``refattn.peers:Sdpa``) or, in ``refattn bench --peers``, by the short names
+import path (``refattn.adapters.torch_peers:Sdpa``) or, in ``refattn bench --peers``, by the short names
 ``sdpa``, ``cudnn``, ``flex`` and ``fa4`` (:data:`PEERS`).
 
 * ``sdpa``: ``F.scaled_dot_product_attention`` held to its FlashAttention-2 backend
@@ -89,6 +89,7 @@ class _TorchPeer:
 
     name = "?"
     requires_gpu = True
+    peer = True
 
     def __init__(self, variant: str | None = None, mutants=frozenset()):
         if variant is not None:
@@ -509,7 +510,7 @@ class Fa4(_TorchPeer):
 
 
 # short name -> import path, for ``refattn bench --peers``
-PEERS = {"sdpa": "refattn.peers:Sdpa", "cudnn": "refattn.peers:Cudnn",
-         "flex": "refattn.peers:Flex", "fa4": "refattn.peers:Fa4"}
+PEERS = {"sdpa": "refattn.adapters.torch_peers:Sdpa", "cudnn": "refattn.adapters.torch_peers:Cudnn",
+         "flex": "refattn.adapters.torch_peers:Flex", "fa4": "refattn.adapters.torch_peers:Fa4"}
 
 __all__ = ["Cudnn", "Fa4", "Flex", "PEERS", "Sdpa"]
