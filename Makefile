@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 # GPU extras are installed only where a GPU runtime is visible.
-EXTRAS := test,plot$(shell command -v nvidia-smi >/dev/null 2>&1 && echo ,cuda)$(shell test -e /dev/kfd && echo ,hip)
+EXTRAS := test,plot,ort$(shell command -v nvidia-smi >/dev/null 2>&1 && echo ,cuda)$(shell test -e /dev/kfd && echo ,hip)
 
 .PHONY: run test venv build-check wheel-check mutants report bench clean
 

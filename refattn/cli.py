@@ -333,7 +333,8 @@ def _run_run(args) -> int:
     from contextlib import ExitStack
 
     from refattn.cases import load_suites
-    from refattn.kernels import best_kernel, get_kernel, kernel_available, kernel_source_hash
+    from refattn.kernels import (best_kernel, get_kernel, kernel_available, kernel_facts,
+                                 kernel_source_hash)
     from refattn.runner import run_matrix
 
     check_outputs(args, ("json",), ("report",))
@@ -364,6 +365,7 @@ def _run_run(args) -> int:
             m = run_matrix(kernel, cases, progress=progress)
     m.kernel_spec = name
     m.kernel_source_hash = kernel_source_hash(kernel)
+    m.kernel_facts = kernel_facts(kernel)
 
     from refattn.fileio import json_text
 
@@ -424,6 +426,8 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "record": Subcommand("every check a kernel unlocks, each written as a stamped record for the report",
                          module="refattn.record"),
     "report": Subcommand("write the JSON + Markdown report", module="refattn.report"),
+    "implementations": Subcommand("render the table of which implementation holds which feature, from run records",
+                                  module="refattn.implementations"),
     # torch and the GPU runtimes are imported only when the benchmark runs
     "bench": Subcommand("benchmark a kernel against peers", module="refattn.bench"),
 }

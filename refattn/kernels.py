@@ -17,6 +17,8 @@ and optional ones, each of which unlocks a check (:data:`OPTIONAL`):
                                                  the factory takes ``mutants=`` to switch them on)
     source_hash() -> str                         what records are stamped with
     unsupported_reason(case) -> str | None       why it declines a case, shown beside it
+    facts() -> {str: str | number | bool | list} what the run JSON records of it: versions,
+                                                 providers, the device it ran on
     peer = True                                  an implementation others ship, compared against
                                                  (never the default kernel of ``refattn run``)
 
@@ -62,6 +64,7 @@ OPTIONAL = {
     "mutants": "refattn mutants: the kill matrix",
     "source_hash": "records and reports: a result is tied to the source it ran",
     "unsupported_reason": "refattn run: each declined case carries the kernel's reason",
+    "facts": "refattn run: the run JSON records the versions and devices it names",
     "peer": "refattn run picks it only when named: it is a peer to compare against",
 }
 
@@ -356,6 +359,28 @@ def kernel_source_hash(adapter) -> str | None:
         raise KernelError(f"kernel: {getattr(adapter, 'name', adapter)!r}: source_hash() must "
                           f"return a non-empty string, got {h!r}")
     return h.strip()
+
+
+def kernel_facts(adapter) -> dict | None:
+    """``adapter.facts()``: a dict of str keys to strings, numbers, booleans or lists of them,
+    or None when the adapter has none. Anything else, or one that raises, is a
+    :class:`KernelError`: a run must not record facts that were not obtained."""
+    fn = getattr(adapter, "facts", None)
+    if fn is None:
+        return None
+    who = getattr(adapter, "name", adapter)
+    try:
+        facts = fn()
+    except Exception as e:  # noqa: BLE001
+        raise KernelError(f"kernel: {who!r}: facts() raised {type(e).__name__}: {e}") from e
+    scalar = (str, int, float, bool)
+    if not isinstance(facts, dict) or not all(
+            isinstance(k, str) and (isinstance(v, scalar) or
+                                    (isinstance(v, list) and all(isinstance(i, scalar) for i in v)))
+            for k, v in facts.items()):
+        raise KernelError(f"kernel: {who!r}: facts() must return a dict of str to strings, numbers, "
+                          f"booleans or lists of them, got {facts!r}"[:400])
+    return dict(facts)
 
 
 def kernel_variants(adapter, case) -> list[str]:

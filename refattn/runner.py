@@ -232,6 +232,7 @@ class MatrixResult:
     host: dict = field(default_factory=dict)
     kernel_spec: str | None = None  # the name it was built from (refattn.records)
     kernel_source_hash: str | None = None  # its adapter's source_hash(), when it has one
+    kernel_facts: dict | None = None  # its adapter's facts(): versions, providers (kernels.kernel_facts)
 
     @property
     def ok(self) -> bool:
@@ -248,7 +249,8 @@ class MatrixResult:
         """The JSON document (a dict, ready for ``json.dump``), schema 1."""
         return {
             "schema": SCHEMA, "kernel": self.kernel, "kernel_spec": self.kernel_spec,
-            "kernel_source_hash": self.kernel_source_hash, "ok": self.ok, "suites": list(self.suites),
+            "kernel_source_hash": self.kernel_source_hash, "kernel_facts": self.kernel_facts,
+            "ok": self.ok, "suites": list(self.suites),
             "started": self.started, "elapsed_s": round(self.elapsed_s, 3), "host": self.host,
             "counts": self.counts(), "results": [r.to_dict() for r in self.results],
         }

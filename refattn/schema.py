@@ -132,7 +132,8 @@ RESULT = {  # refattn.runner.Result.to_dict
     "params": Opt(dict),
 }
 _STAMP = {"kernel_spec": Opt(str), "kernel_source_hash": Opt(str)}
-RUN = {"schema": Opt(int), "kernel": Opt(str), "results": [RESULT], **_STAMP}  # MatrixResult.to_json
+RUN = {"schema": Opt(int), "kernel": Opt(str), "results": [RESULT], "kernel_facts": Opt(dict),
+       **_STAMP}  # MatrixResult.to_json
 FUZZ = {"schema": Opt(int), "kind": str, "kernel": str, "ok": bool, "examples": int,  # refattn.fuzz
         "seed": Opt(int), "minimal": Opt({"describe": Opt(str), "command": Opt(str), "toml": Opt(str)}),
         **_STAMP}

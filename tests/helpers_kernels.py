@@ -146,3 +146,27 @@ class AvailableGpuKernel(CorrectKernel):
 
     def available(self):
         return True, "a test device"
+
+
+class AvailableGpuPeer(AvailableGpuKernel):
+    """An available GPU peer (an implementation to compare against): never the default."""
+
+    peer = True
+
+
+class ReasonedDeclineKernel(CorrectKernel):
+    """Declines d = 96 and says why; records the facts of what it ran."""
+
+    name = "reasoned"
+
+    def supports(self, case):
+        return case.d != 96
+
+    def unsupported_reason(self, case):
+        return None if self.supports(case) else f"head dim {case.d} is not built\n(only 64)"
+
+    def run(self, inputs):
+        return (-1, inputs.out) if inputs.case.d == 96 else super().run(inputs)
+
+    def facts(self):
+        return {"library": "libreasoned 1.0", "threads": 2, "providers": ["cpu", "gpu"]}

@@ -326,3 +326,46 @@ def test_best_kernel_prefers_an_available_gpu_kernel_and_says_why(monkeypatch):
     assert name == "gpuk" and why.startswith("a GPU kernel")
     _only(monkeypatch, {})
     assert K.best_kernel()[0] == "reference"
+
+
+def test_a_peer_is_never_the_default_kernel(monkeypatch):
+    _only(monkeypatch, {"apeer": "tests.helpers_kernels:AvailableGpuPeer",
+                        "cpuk": "tests.helpers_kernels:CorrectKernel"})
+    assert K.available_kernels()["apeer"].peer and not K.available_kernels()["cpuk"].peer
+    assert K.best_kernel()[0] == "cpuk"
+    _only(monkeypatch, {"apeer": "tests.helpers_kernels:AvailableGpuPeer"})
+    assert K.best_kernel()[0] == "reference"
+
+
+def test_a_decline_carries_the_adapters_reason_on_one_line():
+    from refattn.cases import case_from_text
+
+    k = H.ReasonedDeclineKernel()
+    m = run_matrix(k, [case_from_text("Hq = 2, Hkv = 1, d = 96, sq = 3"),
+                       case_from_text("Hq = 2, Hkv = 1, d = 64, sq = 3")])
+    declined, passed = m.results
+    assert declined.outcome == "declined" and passed.outcome == "pass"
+    assert declined.note == ("declined (status -1), output buffer untouched: head dim 96 is not "
+                             "built (only 64)")
+    assert passed.note == ""
+
+
+def test_the_run_json_records_the_adapters_facts_and_refuses_bad_ones(capsys, tmp_path):
+    from refattn import cli
+
+    out = tmp_path / "run.json"
+    code = cli.main(["run", "--kernel", "tests.helpers_kernels:ReasonedDeclineKernel", "-q",
+                     "--case", "Hq = 2, Hkv = 1, d = 64, sq = 3", "--json", str(out)])
+    assert code == 0, capsys.readouterr()
+    doc = json.loads(out.read_text())
+    assert doc["kernel_facts"] == {"library": "libreasoned 1.0", "threads": 2, "providers": ["cpu", "gpu"]}
+
+    class Bad:
+        name = "bad"
+
+        def facts(self):
+            return {"x": object()}
+
+    with pytest.raises(K.KernelError, match="'bad': facts\\(\\) must return a dict"):
+        K.kernel_facts(Bad())
+    assert K.kernel_facts(object()) is None
