@@ -72,8 +72,9 @@ def _version(doc: dict) -> str:
 
 
 def _device(doc: dict) -> str:
-    if doc.get("device"):
-        return str(doc["device"])
+    for where in (doc, doc.get("kernel_facts") or {}):
+        if where.get("device"):
+            return str(where["device"])
     host = doc.get("host") or {}
     return str(host.get("device") or host.get("machine") or "CPU host")
 

@@ -119,6 +119,14 @@ class _TorchPeer:
     def source_hash(self) -> str:
         return f"torch-{_torch().__version__}"
 
+    def facts(self) -> dict:
+        """What a run records of it: the versions that compute and the device."""
+        T = _torch()
+        facts = {"torch": T.__version__, "cuda": str(T.version.cuda)}
+        if T.cuda.is_available():
+            facts["device"] = T.cuda.get_device_name()
+        return facts
+
     def unsupported_reason(self, case) -> str | None:
         """Why ``supports(case)`` is False, or None when it is True."""
         if case.dtype != "fp16":
@@ -463,6 +471,9 @@ class Fa4(_TorchPeer):
 
     def source_hash(self) -> str:
         return f"flash-attn-4-{self._version()}-torch-{_torch().__version__}"
+
+    def facts(self) -> dict:
+        return {**super().facts(), "flash_attn_4": self._version()}
 
     def prepare(self, inputs):
         if not self.supports(inputs.case):
