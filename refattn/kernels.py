@@ -9,7 +9,9 @@ An adapter wraps a kernel behind three required members (docs/adapters.md):
 and optional ones, each of which unlocks a check (:data:`OPTIONAL`):
 
     available() -> (bool, reason)                can it run here at all? (default: yes)
-    requires_gpu = True                          pytest marks its cases ``gpu``
+    requires_gpu = True                          pytest marks its cases ``gpu`` (a class
+                                                 attribute; a static variant_requires_gpu(v)
+                                                 answers per variant where variants differ)
     prepare(inputs) -> callable                  a device-resident launch, for ``refattn bench``
     synchronize()                                wait for what ``prepare``'s callable enqueued
     variants(case) -> [name, ...]                code paths to force one by one (``name@VARIANT``)
@@ -174,6 +176,18 @@ class KernelEntry:
         """Whether its cases are ``gpu`` tests: the factory's ``requires_gpu`` attribute (False
         when it has none or cannot be imported)."""
         return bool(getattr(self.factory, "requires_gpu", False))
+
+    def requires_gpu_for(self, variant: str | None) -> bool:
+        """:attr:`requires_gpu` of one variant: a factory whose variants differ (a C entry
+        point on host or on device memory) answers through its static
+        ``variant_requires_gpu(variant)``; any other falls back to the class attribute."""
+        fn = getattr(self.factory, "variant_requires_gpu", None)
+        if variant is not None and callable(fn):
+            try:
+                return bool(fn(variant))
+            except Exception:  # noqa: BLE001 - a bad spec is reported when the kernel is built
+                return self.requires_gpu
+        return self.requires_gpu
 
     @property
     def peer(self) -> bool:

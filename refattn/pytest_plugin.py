@@ -185,13 +185,13 @@ def matrix_params(matrix: Matrix) -> list:
     params = []
     for spec in matrix.kernel_specs():
         try:
-            entry, _ = parse_kernel_name(spec)
+            entry, variant = parse_kernel_name(spec)
         except KernelError as e:
             raise pytest.UsageError(f"{matrix.kernel_option}: {e}") from None
         entry.load()
         if entry.error and matrix.explicit:
             raise pytest.UsageError(f"{matrix.kernel_option}: kernel {spec!r}: {entry.error}")
-        gpu = entry.requires_gpu
+        gpu = entry.requires_gpu_for(variant)
         for c in cases:
             marks = [pytest.mark.gpu] if gpu else ([pytest.mark.slow] if c.flops > SLOW_FLOPS else [])
             # one autotune key -> one xdist worker under --dist loadgroup (refattn.sharding)
@@ -342,10 +342,10 @@ def _gpu_kernel_selected(config) -> bool:
     for m in active_matrices(config):
         for spec in m.kernel_specs():
             try:
-                entry, _ = parse_kernel_name(spec)
+                entry, variant = parse_kernel_name(spec)
             except KernelError:
                 continue  # reported at collection
-            if entry.load().requires_gpu:
+            if entry.load().requires_gpu_for(variant):
                 return True
     return False
 

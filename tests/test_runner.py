@@ -369,3 +369,18 @@ def test_the_run_json_records_the_adapters_facts_and_refuses_bad_ones(capsys, tm
     with pytest.raises(K.KernelError, match="'bad': facts\\(\\) must return a dict"):
         K.kernel_facts(Bad())
     assert K.kernel_facts(object()) is None
+
+
+def test_requires_gpu_is_answered_per_variant_where_a_factory_can():
+    class PerVariant:
+        requires_gpu = False
+
+        @staticmethod
+        def variant_requires_gpu(variant):
+            return variant.endswith(".device")
+
+    e = K.KernelEntry("pv", "x:PerVariant", "import path", factory=PerVariant)
+    assert e.requires_gpu_for("spec.device") and not e.requires_gpu_for("spec.host")
+    assert not e.requires_gpu_for(None)
+    plain = K.KernelEntry("p", "x:P", "import path", factory=H.AvailableGpuKernel)
+    assert plain.requires_gpu_for("anything") and plain.requires_gpu_for(None)
