@@ -15,9 +15,9 @@ $(BIN)/.installed: pyproject.toml
 
 venv: $(BIN)/.installed
 
-## Run the seed case matrix on the best available kernel and write a report under reports/.
+## Run the seed and coverage suites (every required cell of the coverage model) on the best available kernel and write a report under reports/.
 run: venv
-	$(BIN)/refattn run --suite seed --report reports
+	$(BIN)/refattn run --suite seed --suite coverage --report reports
 
 ## Install and run the test suite (pytest's exit 5, "no tests ran", is a failure).
 test: venv

@@ -22,10 +22,11 @@ class NumpyKernel:
             return -1, x.out  # a decline leaves x.out as it was
         B, Sq, Hq, d = x.q.shape
         G, skv = Hq // x.k.shape[1], x.past_len + Sq
-        k = np.repeat(x.k[:, :, :skv].astype(np.float32), G, axis=1)  # query head h -> KV head h // G
-        v = np.repeat(x.v[:, :, :skv].astype(np.float32), G, axis=1)
+        lo = max(0, x.past_len - x.window + 1) if x.window > 0 else 0  # no row sees a key before lo
+        k = np.repeat(x.k[:, :, lo:skv].astype(np.float32), G, axis=1)  # query head h -> KV head h // G
+        v = np.repeat(x.v[:, :, lo:skv].astype(np.float32), G, axis=1)
         s = np.einsum("bqhd,bhkd->bhqk", x.q.astype(np.float32), k) * (x.scale or d ** -0.5)
-        pos, key = x.past_len + np.arange(Sq)[:, None], np.arange(skv)[None, :]
+        pos, key = x.past_len + np.arange(Sq)[:, None], np.arange(lo, skv)[None, :]
         s[..., (key > pos) | ((x.window > 0) & (key <= pos - x.window))] = -np.inf
         m = s.max(-1, keepdims=True)
         if x.sink is not None or x.smooth_softmax:  # the sink logit joins the denominator only

@@ -4,6 +4,8 @@ A *case* is one attention call described as data (STYLE 6): geometry, options an
 ``why`` saying which bug it exists to catch. Cases live in ``cases/<suite>.toml``::
 
     description = "what this suite is for"      # optional
+    complete = true                             # optional: the suite alone hits every
+                                                # required cell of refattn.coverage
 
     [defaults]                                  # optional, merged into every case
     Hq = 64
@@ -34,6 +36,13 @@ Keys (``name``, ``Hq``, ``Hkv``, ``d``, ``sq`` and ``why`` are required):
     spare          rows of NaN canaries after the cache's skv keys (default: 64 to 127, so
                    the allocation ends on a multiple of 64; 0: a tight cache, where a read
                    past skv leaves the allocation, which compute-sanitizer sees)
+    cache_fill     what the cache holds at the key slots no row of the chunk can see
+                   because they lie left of every row's window: "clean" (default, the
+                   drawn numbers), "nan-outside-window" (NaN) or "inf-outside-window"
+                   (+inf at even slots, -inf at odd ones); needs a window that cuts the cache
+    logit_offset   a common shift of every logit (default 0), built into q and k (below)
+    q_spike        one q component this large (default 0: off), against k = 2 there, so
+                   the raw q.k passes the fp16 range before the scale when |2 q_spike| > 65504
     seed_contract  "decline": the seed kernel declined this case (recorded, not enforced)
     why            one line: the bug this case exists to catch
 
@@ -48,6 +57,21 @@ it (the sink through fp16, as the kernel ABI carries it), so kernel and referenc
 numbers (docs/semantics.md, Semantics). The KV cache carries spare capacity filled with NaN canaries, and the
 output buffer is pre-filled with a NaN canary bit pattern, so reads past ``skv`` and writes
 on a decline are both visible.
+
+Input modes (docs/semantics.md, Coverage model), applied after the draw, so the drawn numbers
+are those of the same case without them:
+
+* ``logit_offset = T``: component 0 of every q row is ``a`` and of every key ``b``,
+  with ``a = round(sqrt(|T| / scale))`` and ``b = round(T / (scale * a))`` rounded through the
+  case dtype, so every logit gains exactly ``scale * a * b`` (within a rounding of ``T``);
+* ``q_spike = S``: component 0 (1 under an offset) of every q row is ``round(S)`` and of
+  every key 2, so every
+  logit gains ``2 * scale * round(S)`` and the raw q.k exceeds ``2 |S|`` minus the rest;
+* per-head sinks move with the logits: ``sigma_h = fp16(u_h + shift)`` (``u_h ~ U(-2, 4)``,
+  ``shift`` the sum of both gains, :func:`logit_shift`), so a sink stays comparable to the
+  logits it competes with; a smooth softmax's zero logit does not move;
+* ``cache_fill``: key slots ``j < past_len - W + 1`` (left of the first row's window, so of
+  every row's) hold NaN or +-inf in ``k`` and ``v``; slots some rows see stay finite.
 """
 
 from __future__ import annotations
@@ -71,6 +95,11 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 SINK_MODES = ("none", "per_head", "smooth")
+CACHE_FILLS = ("clean", "nan-outside-window", "inf-outside-window")
+TOP_KEYS = ("case", "defaults", "description", "complete")  # a case file's top-level keys
+SPIKE_K = 2.0  # the k component a q spike multiplies (exact in every dtype)
+# The largest value of each dtype: a mode component must round to a finite value.
+DTYPE_MAX = {"fp16": 65504.0, "bf16": 3.3895313892515355e38, "fp32": 3.4028234663852886e38}
 DTYPES = ("fp16", "bf16", "fp32")
 SEED_CONTRACTS = ("decline",)
 CONFIG_KEYS = ("m_tiles", "bkv")
@@ -154,6 +183,9 @@ class Case:
     softcap: float = 0.0
     config: dict | None = None
     spare: int | None = None
+    cache_fill: str = "clean"
+    logit_offset: float = 0.0
+    q_spike: float = 0.0
     seed_contract: str | None = None
     why: str
 
@@ -222,10 +254,53 @@ class Case:
             if "bkv" in self.config and self.config["bkv"] not in BKV_VALUES:
                 bad("config.bkv", f"expected one of {BKV_VALUES}, got {self.config['bkv']}")
             object.__setattr__(self, "config", dict(self.config))  # a private copy
+        self._check_modes(bad)
         if self.seed_contract is not None and self.seed_contract not in SEED_CONTRACTS:
             bad("seed_contract", f"expected one of {SEED_CONTRACTS} or absent, got {self.seed_contract!r}")
         if not isinstance(self.why, str) or not self.why.strip() or "\n" in self.why.strip():
             bad("why", f"expected one non-empty line saying what bug this case catches, got {self.why!r}")
+
+    def _check_modes(self, bad) -> None:
+        """The input modes: known values, and inputs that the case dtype can represent."""
+        if self.cache_fill not in CACHE_FILLS:
+            bad("cache_fill", f"expected one of {', '.join(map(repr, CACHE_FILLS))}, "
+                              f"got {self.cache_fill!r}")
+        if self.cache_fill != "clean" and self.hidden_slots == 0:
+            bad("cache_fill", f"{self.cache_fill!r} needs key slots no row can see: a window "
+                              f"W >= 1 with past_len - W + 1 > 0, got window={self.window}, "
+                              f"past_len={self.past_len}")
+        for key in ("logit_offset", "q_spike"):
+            x = _as_float(getattr(self, key))
+            if x is None or not math.isfinite(x):
+                bad(key, f"expected a finite number (0 = off), got {_short(getattr(self, key))}")
+            object.__setattr__(self, key, x)
+        if self.logit_offset and self.q_spike and self.d < 2:
+            bad("q_spike", "logit_offset and q_spike need two components: d >= 2")
+        top = DTYPE_MAX[self.dtype]
+        if abs(self.q_spike) > top:
+            bad("q_spike", f"{self.q_spike:g} is beyond the {self.dtype} range (max {top:g})")
+        if self.logit_offset:
+            a, b = offset_components(self)
+            if not (math.isfinite(a) and math.isfinite(b) and a and b):
+                bad("logit_offset", f"{self.logit_offset:g} needs q and k components "
+                                    f"{a:g} and {b:g}, not finite non-zero {self.dtype} values")
+        shift = logit_shift(self)
+        if not abs(shift) < FP32_MAX / 4:
+            bad("logit_offset", f"the logits would be shifted by {shift:g}, beyond fp32")
+        if self.sink == "per_head" and abs(shift) + max(-SINK_LOW, SINK_HIGH) > 65504:
+            bad("logit_offset", f"the per-head sinks move with the logits ({shift:g}) and must "
+                                f"stay within the fp16 range the kernel ABI carries them in")
+
+    @property
+    def hidden_slots(self) -> int:
+        """Key slots of the cache that no row of the chunk can see: left of the first row's
+        window, ``max(0, past_len - W + 1)`` (0 without a window)."""
+        return 0 if self.window < 0 else max(0, self.past_len - self.window + 1)
+
+    @property
+    def scale_value(self) -> float:
+        """The logit scale in force: ``scale``, or 1/sqrt(d)."""
+        return self.scale if self.scale is not None else 1.0 / math.sqrt(self.d)
 
     def __hash__(self):  # config is a dict; hash its items (cases key the reference cache)
         cfg = None if self.config is None else tuple(sorted(self.config.items()))
@@ -294,6 +369,12 @@ class Case:
             parts.append(",".join(f"{k}={v}" for k, v in sorted(self.config.items())))
         if self.spare is not None:
             parts.append(f"spare={self.spare}")
+        if self.cache_fill != "clean":
+            parts.append(f"fill={self.cache_fill}")
+        if self.logit_offset:
+            parts.append(f"offset={self.logit_offset:g}")
+        if self.q_spike:
+            parts.append(f"spike={self.q_spike:g}")
         return " ".join(parts)
 
     def to_dict(self) -> dict:
@@ -380,10 +461,12 @@ def load_suite(path, *, suite: str | None = None) -> list[Case]:
     suite = suite or path.stem
     doc = _read_toml(path)
     for key in doc:
-        if key not in ("case", "defaults", "description"):
-            raise CaseError(_unknown_key(key, ("case", "defaults", "description")), file=path, key=key)
+        if key not in TOP_KEYS:
+            raise CaseError(_unknown_key(key, TOP_KEYS), file=path, key=key)
     if "description" in doc and not isinstance(doc["description"], str):
         raise CaseError("expected a string", file=path, key="description")
+    if "complete" in doc and not isinstance(doc["complete"], bool):
+        raise CaseError("expected true or false", file=path, key="complete")
     defaults = doc.get("defaults", {})
     if not isinstance(defaults, dict):
         raise CaseError("expected a table [defaults]", file=path, key="defaults")
@@ -500,6 +583,15 @@ def suite_description(name_or_path) -> str:
     return str(_read_toml(suite_path(name_or_path)).get("description", ""))
 
 
+def suite_complete(name_or_path) -> bool:
+    """The optional top-level ``complete`` of a case file (False when absent): the suite
+    claims to hit every required cell of the coverage model (``refattn.coverage``)."""
+    value = _read_toml(suite_path(name_or_path)).get("complete", False)
+    if not isinstance(value, bool):
+        raise CaseError("expected true or false", file=suite_path(name_or_path), key="complete")
+    return value
+
+
 # --------------------------------------------------------------------------- inputs
 
 def round_bf16(x) -> np.ndarray:
@@ -524,6 +616,80 @@ def round_through(x, dtype: str) -> np.ndarray:
     if dtype == "fp32":
         return np.asarray(x).astype(np.float32)
     raise ValueError(f"dtype: expected one of {DTYPES}, got {dtype!r}")
+
+
+_OFFSET_SEARCH = 64  # dtype steps of ``a`` either side of sqrt(|T| / scale) (offset_components)
+
+
+def offset_components(case: Case) -> tuple[float, float]:
+    """The q and k components ``(a, b)`` (component 0) that give every logit of
+    ``case`` the common shift ``scale * a * b`` of its ``logit_offset`` T. The target is T16,
+    the fp16 value nearest T (T itself beyond the fp16 range), so that a per-head sink moved
+    by the shift keeps its place relative to the logits (the sink is fp16). ``a`` is one of
+    the dtype values within 64 steps of ``sqrt(|T| / scale)``, ``b`` the dtype value nearest
+    ``T16 / (scale * a)`` or one step either side; the pair whose shift lies nearest T16 is
+    taken. ``(0, 0)`` when the offset is off."""
+    T = case.logit_offset
+    if not T:
+        return 0.0, 0.0
+    scale = case.scale_value
+    with np.errstate(over="ignore", invalid="ignore"):
+        a0 = round_through(np.float64(math.sqrt(abs(T) / scale)), case.dtype)
+        if not np.isfinite(a0) or not a0:
+            return float(a0), 0.0
+        lo, hi = a0, a0
+        cands = [a0]
+        for _ in range(_OFFSET_SEARCH):
+            lo = _next_value(lo, -1, case.dtype)
+            hi = _next_value(hi, 1, case.dtype)
+            cands += [lo, hi]
+        target = float(np.float16(T)) if abs(T) <= 65504 else T
+        best = None
+        for a in cands:
+            a = float(a)
+            if not (math.isfinite(a) and a > 0):
+                continue
+            b0 = round_through(np.float64(target / (scale * a)), case.dtype)
+            for b in (b0, _next_value(b0, -1, case.dtype), _next_value(b0, 1, case.dtype)):
+                b = float(b)
+                if not (math.isfinite(b) and b):
+                    continue
+                shift = scale * a * b
+                key = (abs(shift - target), abs(shift - T), a)
+                if best is None or key < best[0]:
+                    best = (key, a, b)
+    return (best[1], best[2]) if best else (float(a0), 0.0)
+
+
+def _next_value(x, direction: int, dtype: str):
+    """The next value of ``dtype`` after ``x`` towards +inf (``direction`` 1) or -inf."""
+    if dtype == "fp16":
+        return np.nextafter(np.float16(x), np.float16(direction * np.inf))
+    if dtype == "fp32":
+        return np.nextafter(np.float32(x), np.float32(direction * np.inf))
+    u = np.asarray(x, dtype=np.float32).reshape(1).view(np.uint32)  # bf16: the top 16 bits
+    step = np.uint32(1 << 16)
+    u = u + step if (direction > 0) == (float(x) >= 0) else u - step
+    return u.view(np.float32)[0]
+
+
+def spike_index(case: Case) -> int:
+    """The component a q spike sits in: 0, or 1 when the logit offset holds component 0."""
+    return 1 if case.logit_offset else 0
+
+
+def spike_component(case: Case) -> float:
+    """The q component 0 of ``case`` under ``q_spike``: the spike rounded through the dtype."""
+    if not case.q_spike:
+        return 0.0
+    return float(round_through(np.float64(case.q_spike), case.dtype))
+
+
+def logit_shift(case: Case) -> float:
+    """The common shift every logit of ``case`` gains from its input modes, in fp64:
+    ``scale * (a * b + 2 * spike)`` (:func:`offset_components`, :func:`spike_component`)."""
+    a, b = offset_components(case)
+    return case.scale_value * (a * b + SPIKE_K * spike_component(case))
 
 
 def canary_out(shape) -> np.ndarray:
@@ -596,7 +762,25 @@ def make_inputs(case: Case) -> Inputs:
     v[:, :, :skv] = v_clean
     sink = None
     if case.sink == "per_head":
-        sink = rng.uniform(SINK_LOW, SINK_HIGH, Hq).astype(np.float16)
+        u = rng.uniform(SINK_LOW, SINK_HIGH, Hq)
+        shift = logit_shift(case)
+        sink = (u + shift if shift else u).astype(np.float16)
+    if case.logit_offset:
+        a, b = offset_components(case)
+        q[..., 0] = a
+        k[:, :, :skv, 0] = b
+    if case.q_spike:
+        c = spike_index(case)
+        q[..., c] = spike_component(case)
+        k[:, :, :skv, c] = SPIKE_K
+    hidden = case.hidden_slots
+    if case.cache_fill == "nan-outside-window":
+        k[:, :, :hidden] = np.nan
+        v[:, :, :hidden] = np.nan
+    elif case.cache_fill == "inf-outside-window":
+        signs = np.where(np.arange(hidden) % 2 == 0, np.inf, -np.inf).astype(q.dtype)
+        k[:, :, :hidden] = signs[:, None]
+        v[:, :, :hidden] = signs[:, None]
     return Inputs(
         case=case, q=q, k=k, v=v, sink=sink, smooth_softmax=case.sink == "smooth",
         past_len=case.past_len, window=case.window, scale=case.scale, softcap=case.softcap,

@@ -132,6 +132,31 @@ def _add_suite_option(p: argparse.ArgumentParser, default_help: str) -> None:
 def _cases_args(p: argparse.ArgumentParser) -> None:
     _add_suite_option(p, "Default: every suite.")
     p.add_argument("--json", action="store_true", help="print the cases as JSON instead of a table")
+    p.add_argument("--coverage", action="store_true",
+                   help="print the coverage table (refattn.coverage): per axis value and per "
+                        "interacting pair, the cases that hit it; unhit required cells are marked "
+                        "UNHIT. Exit 1 when a suite that declares complete = true leaves one unhit")
+    p.add_argument("--per-case", action="store_true",
+                   help="with --coverage: the cells each case hits, and each suite's unhit cells")
+    p.add_argument("--q-tiles", type=_tile_list, default=None, metavar="T,T,...",
+                   help="with --coverage: query-row tile sizes the Sq axis is relative to "
+                        "(default 16,32,64,128)")
+    p.add_argument("--kv-tiles", type=_tile_list, default=None, metavar="T,T,...",
+                   help="with --coverage: key tile sizes the skv and window axes are relative to "
+                        "(default 16,32,64,128)")
+    p.add_argument("--limit", type=_count_of("name", "names"), default=4, metavar="N",
+                   help="with --coverage: case names shown per cell (default 4; --json lists all)")
+
+
+def _tile_list(text: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected tile sizes like 16,32,64, got {text!r}") from None
+    if not vals or any(t < 2 for t in vals):
+        raise argparse.ArgumentTypeError(f"expected tile sizes >= 2, got {text!r}")
+    return vals
 
 
 def _cases_run(args) -> int:
@@ -140,7 +165,11 @@ def _cases_run(args) -> int:
     names = args.suite or list_suites()
     if not names:
         raise UsageError(f"no case files in {cases_dir()}")
+    if args.per_case and not args.coverage:
+        raise UsageError("--per-case: needs --coverage")
     cases = load_suites(names)
+    if args.coverage:
+        return _cases_coverage(args, names, cases)
     if args.json:
         doc = {"schema": 1, "cases_dir": str(cases_dir()),
                "suites": {n: suite_description(n) for n in dict.fromkeys(names)},
@@ -156,6 +185,65 @@ def _cases_run(args) -> int:
         t.add_row(c.suite, c.name, c.describe(), c.seed_contract or "", c.why)
     _console().print(t)
     return EXIT_OK
+
+
+def _cases_coverage(args, names, cases) -> int:
+    """``refattn cases --coverage``: the coverage table of ``cases``, and per suite whether
+    it hits every required cell (exit 1 when one that declares ``complete`` does not)."""
+    from refattn.cases import load_suite, suite_complete
+    from refattn.coverage import DEFAULT_TILES, coverage, table_rows
+
+    tiles = {"q": args.q_tiles or DEFAULT_TILES["q"], "kv": args.kv_tiles or DEFAULT_TILES["kv"]}
+    cov = coverage(cases, tiles)
+    suites = {}
+    for n in dict.fromkeys(names):
+        own = load_suite(n)
+        suites[own[0].suite if own else str(n)] = {
+            "complete_declared": suite_complete(n), "n_cases": len(own),
+            "unhit_required": coverage(own, tiles).unhit_required()}
+    broken = [s for s, v in suites.items() if v["complete_declared"] and v["unhit_required"]]
+    if args.json:
+        doc = {"schema": 1, "suites": suites, "coverage": cov.to_json()}
+        if args.per_case:
+            doc["per_case"] = cov.per_case
+        print(json.dumps(doc, indent=2))
+        return EXIT_FAIL if broken else EXIT_OK
+    from rich.table import Table
+
+    out = _console()
+    unhit = cov.unhit_required()
+    t = Table(title=f"coverage of {len(cases)} cases from {', '.join(dict.fromkeys(names))} "
+                    f"(q tiles {','.join(map(str, tiles['q']))}; kv tiles "
+                    f"{','.join(map(str, tiles['kv']))}): "
+                    + (f"{len(unhit)} required cells UNHIT" if unhit
+                       else "every required cell hit"))
+    for col in ("axis", "value", "", "cases", "names"):
+        t.add_column(col, overflow="fold")
+    for axis, value, mark, count, who in table_rows(cov, args.limit):
+        style = "bold red" if mark == "UNHIT" else None
+        t.add_row(axis, value, mark, count, who, style=style)
+    out.print(t)
+    if args.per_case:
+        pc = Table(title="cells per case")
+        for col in ("case", "cells"):
+            pc.add_column(col, overflow="fold")
+        for cid, cells in cov.per_case.items():
+            pc.add_row(cid, "; ".join(f"{k}={','.join(v)}" for k, v in cells.items() if v))
+        out.print(pc)
+    for s, v in suites.items():
+        claim = " (declares complete = true)" if v["complete_declared"] else ""
+        state = "every required cell hit"
+        if v["unhit_required"]:
+            state = (f"{len(v['unhit_required'])} required cells unhit: "
+                     + ", ".join(v["unhit_required"]))
+        if args.per_case or v["complete_declared"]:
+            out.print(f"suite {s}{claim}: {state}", markup=False, highlight=False)
+    if unhit:
+        out.print("UNHIT required cells: " + ", ".join(unhit), markup=False, highlight=False)
+    for s in broken:
+        print(f"refattn cases: suite {s} declares complete = true but leaves required cells unhit",
+              file=sys.stderr)
+    return EXIT_FAIL if broken else EXIT_OK
 
 
 # --------------------------------------------------------------------------- kernels

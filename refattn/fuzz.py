@@ -7,14 +7,20 @@ What is drawn
 A case (:class:`refattn.cases.Case`) over these axes, each drawn from values that matter and
 from a range (:func:`case_strategy`):
 
-* ``Hkv`` in 1, 2, 3, 4, 8 and ``G = Hq / Hkv`` in 1, 2, 3, 4, 6, 8, 12, 16 (non-powers of
-  two included: a head mapping that assumes one is caught);
+* ``Hkv`` in 1, 2, 3, 4, 8 and ``G = Hq / Hkv`` in 1, 2, 3, 4, 5, 6, 8, 12, 16, 24 (non-powers
+  of two and G > 16 included: a head mapping that assumes a power of two, or tiles heads in
+  16s, is caught);
 * the head dim ``d``, the dtype, the sink mode and the softcap, each from the values the
   kernel supports on a plain case (:func:`supported_axes`: ``supports()`` asked once per
   value; a combination it declines is not drawn);
 * ``sq`` and ``past_len`` often one of :data:`EDGES` (a tile size of 16 to 128 keys, one
-  less, one more), else anywhere in 1..300 and 0..3000; ``window`` none, 1-8 keys (rows
-  that see almost nothing), an edge, or 1..600;
+  less, one more), else anywhere in 1..300 and 0..3000, and sometimes ``past_len`` chosen so
+  that ``skv`` is one of :data:`SKV_EDGES` (one off a multiple of every tile, or prime);
+  ``window`` none, 1-8 keys (rows that see almost nothing), an edge, or 1..600;
+* the input modes of the coverage model (docs/semantics.md, Coverage model) that the kernel
+  supports on a plain case, a quarter of the time each: a common ``logit_offset`` near -5e4,
+  a ``q_spike`` past the fp16 range, and NaN or infinities in the cache slots left of every
+  window (``cache_fill``; ``--clean-inputs`` draws none of these);
 * ``B`` 1-2, a custom ``scale`` sometimes (0.5 or 2: a sharp softmax), the input seed, and
   the spare cache capacity: the default 64-127 rows of NaN canaries, none (a tight cache),
   or 1-130 rows.
@@ -53,12 +59,18 @@ SCHEMA = 1
 DEFAULT_EXAMPLES = 200
 DEFAULT_MAX_COST = 2**21  # query-key pairs of the fp64 reference: ~55 ms an example on 2 cores
 EDGES = (1, 2, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129)
+SKV_EDGES = (127, 129, 255, 257, 383, 385, 509, 521)  # 128k +- 1 (so 16k, 32k, 64k +- 1), primes
 HKV_VALUES = (1, 2, 3, 4, 8)
-G_VALUES = (1, 2, 3, 4, 6, 8, 12, 16)
+G_VALUES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24)
 D_VALUES = (64, 128, 32, 16, 80, 96, 256)  # the first are the commonest head dims
 DTYPE_VALUES = ("fp16", "bf16", "fp32")
 SINK_VALUES = ("none", "per_head", "smooth")
 SOFTCAP_VALUES = (0.0, 30.0, 5.0, 2.0)
+LOGIT_OFFSET_VALUES = (0.0, -5e4, -2e4)
+Q_SPIKE_VALUES = (0.0, 4e4)
+CACHE_FILL_VALUES = ("clean", "nan-outside-window", "inf-outside-window")
+INPUT_MODES = ("logit_offset", "q_spike", "cache_fill")
+DEFAULT_INPUT_MODES = INPUT_MODES  # each drawn where the kernel's supports() accepts it
 PROGRESS_EVERY_S = 5.0
 
 
@@ -69,17 +81,33 @@ def _probe(kernel, **kw) -> bool:
         return False
 
 
-def supported_axes(kernel) -> dict[str, tuple]:
-    """The values of each per-case axis (d, dtype, sink, softcap) that ``kernel.supports()``
-    accepts on a plain case (Hq 8, Hkv 2, sq 16, past 16, d 64 unless d is the axis)."""
+def supported_axes(kernel, input_modes=DEFAULT_INPUT_MODES) -> dict[str, tuple]:
+    """The values of each per-case axis (d, dtype, sink, softcap and the ``input_modes``
+    among logit_offset, q_spike, cache_fill) that ``kernel.supports()`` accepts on a plain
+    case (Hq 8, Hkv 2, sq 16, past 16, d 64 unless d is the axis; a 4-key window for
+    cache_fill). A mode not in ``input_modes`` keeps only its off value."""
+    unknown = set(input_modes) - set(INPUT_MODES)
+    if unknown:
+        raise ValueError(f"input_modes: unknown {sorted(unknown)}; known: {', '.join(INPUT_MODES)}")
     base = dict(Hq=8, Hkv=2, d=64, sq=16, past_len=16)
     ds = tuple(d for d in D_VALUES if _probe(kernel, **{**base, "d": d}))
     d0 = ds[0] if ds else 64
+    b0 = {**base, "d": d0}
+
+    def mode(name: str, values: tuple, **extra) -> tuple:
+        if name not in input_modes:
+            return values[:1]
+        return values[:1] + tuple(x for x in values[1:]
+                                  if _probe(kernel, **b0, **extra, **{name: x}))
+
     return {
         "d": ds,
-        "dtype": tuple(x for x in DTYPE_VALUES if _probe(kernel, **{**base, "d": d0, "dtype": x})),
-        "sink": tuple(x for x in SINK_VALUES if _probe(kernel, **{**base, "d": d0, "sink": x})),
-        "softcap": tuple(x for x in SOFTCAP_VALUES if _probe(kernel, **{**base, "d": d0, "softcap": x})),
+        "dtype": tuple(x for x in DTYPE_VALUES if _probe(kernel, **{**b0, "dtype": x})),
+        "sink": tuple(x for x in SINK_VALUES if _probe(kernel, **{**b0, "sink": x})),
+        "softcap": tuple(x for x in SOFTCAP_VALUES if _probe(kernel, **{**b0, "softcap": x})),
+        "logit_offset": mode("logit_offset", LOGIT_OFFSET_VALUES),
+        "q_spike": mode("q_spike", Q_SPIKE_VALUES),
+        "cache_fill": mode("cache_fill", CACHE_FILL_VALUES, window=4),
     }
 
 
@@ -117,6 +145,10 @@ def case_strategy(axes: dict[str, tuple], max_cost: int = DEFAULT_MAX_COST):
     def edge_or(lo: int, hi: int):
         return st.one_of(st.sampled_from([e for e in EDGES if lo <= e <= hi]), st.integers(lo, hi))
 
+    def rarely(values: tuple):  # the off value three times in four: shrinking goes there
+        off = st.just(values[0])
+        return st.one_of(off, off, off, st.sampled_from(values)) if len(values) > 1 else off
+
     @st.composite
     def draw_case(draw):
         Hkv = draw(st.sampled_from(HKV_VALUES))
@@ -124,6 +156,9 @@ def case_strategy(axes: dict[str, tuple], max_cost: int = DEFAULT_MAX_COST):
         d = draw(st.sampled_from(axes["d"]))
         sq = draw(edge_or(1, 300))
         past = draw(st.one_of(st.just(0), edge_or(0, 3000)))
+        skv = draw(st.one_of(st.none(), st.sampled_from(SKV_EDGES)))
+        if skv is not None and skv > sq:
+            past = skv - sq
         window = draw(st.one_of(st.just(-1), st.integers(1, 8), edge_or(1, 600)))
         sink = draw(st.sampled_from(axes["sink"]))
         softcap = draw(st.sampled_from(axes["softcap"]))
@@ -132,10 +167,22 @@ def case_strategy(axes: dict[str, tuple], max_cost: int = DEFAULT_MAX_COST):
         scale = draw(st.one_of(st.none(), st.sampled_from([0.5, 2.0])))
         spare = draw(st.one_of(st.none(), st.just(0), st.integers(1, 130)))
         seed = draw(st.integers(0, 2**31 - 1))
+        offset = draw(rarely(axes.get("logit_offset", (0.0,))))
+        spike = draw(rarely(axes.get("q_spike", (0.0,))))
+        fill = draw(rarely(axes.get("cache_fill", ("clean",))))
         c = Case(name="fuzz", suite="fuzz", Hq=Hkv * G, Hkv=Hkv, d=d, sq=sq, B=B, past_len=past,
                  window=window, sink=sink, dtype=dtype, seed=seed, scale=scale, softcap=softcap,
                  spare=spare, why="drawn by refattn fuzz")
-        return fit_cost(c, max_cost)
+        c = fit_cost(c, max_cost)
+        # the input modes last: fit_cost may have cut the window's hidden slots away, and a
+        # mode the case's dtype cannot represent (CaseError) is left off
+        for key, value in (("logit_offset", offset), ("q_spike", spike), ("cache_fill", fill)):
+            if value not in (0.0, "clean"):
+                try:
+                    c = replace(c, **{key: value})
+                except CaseError:
+                    pass
+        return c
 
     return draw_case()
 
@@ -162,17 +209,18 @@ class FuzzRun:
 
 
 def fuzz(kernel, *, examples: int = DEFAULT_EXAMPLES, seed: int = 0, max_seconds: float | None = None,
-         shrink_seconds: float = 300.0, max_cost: int = DEFAULT_MAX_COST, progress=None) -> FuzzRun:
+         shrink_seconds: float = 300.0, max_cost: int = DEFAULT_MAX_COST, progress=None,
+         input_modes=DEFAULT_INPUT_MODES) -> FuzzRun:
     """Draw up to ``examples`` cases within ``kernel.supports()``, judge each with
     :func:`refattn.runner.run_case`, and shrink the first failure (module docstring).
     ``progress(run, phase, case, result)`` is called after every judged case, ``phase``
-    ``"search"`` or ``"shrink"``."""
+    ``"search"`` or ``"shrink"``. ``input_modes``: which of :data:`INPUT_MODES` to draw."""
     from hypothesis import HealthCheck, Verbosity, assume, find, settings
     from hypothesis.errors import NoSuchExample, Unsatisfiable
 
     from refattn.runner import InputCache, ReferenceCache, run_case
 
-    axes = supported_axes(kernel)
+    axes = supported_axes(kernel, input_modes)
     empty = [k for k, v in axes.items() if not v]
     if empty:
         raise ValueError(f"--kernel: {getattr(kernel, 'name', kernel)!r} supports no value of "
@@ -272,6 +320,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="stop shrinking a failure after T seconds (default 300)")
     p.add_argument("--max-cost", type=_count_of("pair", "pairs"), default=DEFAULT_MAX_COST, metavar="PAIRS",
                    help=f"largest fp64 reference of a case, in query-key pairs (default {DEFAULT_MAX_COST})")
+    p.add_argument("--clean-inputs", action="store_true",
+                   help="draw none of the input modes (a logit offset, a q spike, NaN / +-inf "
+                        "in the cache slots left of every window): unit N(0,1) inputs only")
     p.add_argument("--json", metavar="PATH", help="write the run (and the minimal failing case) as JSON")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     p.epilog = ("examples:\n  refattn fuzz --kernel model --examples 300\n"
@@ -328,7 +379,8 @@ def run(args) -> int:
     try:
         result = fuzz(kernel, examples=args.examples, seed=args.seed, max_seconds=args.max_seconds,
                       shrink_seconds=args.shrink_seconds, max_cost=args.max_cost,
-                      progress=_progress(args.quiet))
+                      progress=_progress(args.quiet),
+                      input_modes=() if args.clean_inputs else DEFAULT_INPUT_MODES)
     except (ValueError, CaseError) as e:
         raise UsageError(str(e)) from None
     doc = to_json(result, args.kernel, kernel_source_hash(kernel))

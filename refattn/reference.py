@@ -170,15 +170,34 @@ def _pv(P, vb):
     return o
 
 
-def _block(a: Attn, qb, kh, vh, k_lo: int, sink, i0: int, i1: int, dt, with_baseline: bool):
-    """Rows [i0, i1) of the G heads in ``qb: (G, rows, d)`` (already scaled) against their
-    key band. ``kh, vh`` hold keys [k_lo, skv)."""
+# Where a row's largest logit (or its sink) exceeds this in magnitude, the low-precision
+# baseline takes its logits from fp32 dot products (``_fp32_dots``): fp32 cannot resolve a
+# logit better than |s| * 2^-24, which at |s| = 128 is 7.6e-6, under 2 % of the fp16
+# rounding of P (2^-12 relative), and at |s| = 5e4 is 0.003, several times it.
+FP32_LOGITS_ABOVE = 128.0
+
+
+def _fp32_dots(qb, kb) -> np.ndarray:
+    """``qb: (M, d) @ kb.T: (d, n)`` as fp32 dot products summed in component order, one
+    fused multiply-add a component (the product exact, the sum rounded to fp32): what an
+    fp32-accumulating kernel computes, in the order that rounds most when component 0 holds
+    the largest term, as the input modes put it (``refattn.cases``)."""
+    q = np.asarray(qb, dtype=np.float32).astype(np.float64)
+    k = np.asarray(kb, dtype=np.float32).astype(np.float64)
+    acc = np.zeros((q.shape[0], k.shape[0]), dtype=np.float32)
+    for c in range(q.shape[1]):
+        acc = (acc + np.multiply.outer(q[:, c], k[:, c])).astype(np.float32)
+    return acc
+
+
+def _masked_scores(a: Attn, qb, kb, p0: int, p1: int, lo: int, hi: int, dt, fp32_dots=False):
+    """Scores of ``qb: (G, rows, d)`` (already scaled) against keys ``kb`` = [lo, hi), in
+    ``dt`` (from :func:`_fp32_dots` with ``fp32_dots``), softcapped and masked: invisible
+    keys are assigned -inf."""
     G, R, d = qb.shape
     W = a.window
-    p0, p1 = a.past_len + i0, a.past_len + i1 - 1  # first and last absolute positions
-    lo = 0 if W < 0 else max(0, p0 - W + 1)
-    hi = p1 + 1
-    s = (qb.reshape(G * R, d) @ kh[lo - k_lo:hi - k_lo].T).reshape(G, R, hi - lo)
+    q2 = qb.reshape(G * R, d)
+    s = (_fp32_dots(q2, kb) if fp32_dots else q2 @ kb.T).reshape(G, R, hi - lo)
     if a.softcap > 0:
         c = dt.type(a.softcap)
         s /= c
@@ -200,6 +219,11 @@ def _block(a: Attn, qb, kh, vh, k_lo: int, sink, i0: int, i1: int, dt, with_base
             # the heads without the index arrays of a boolean assignment (3-4x slower).
             np.copyto(s[:, :, c0 - lo:c1 - lo], dt.type(-np.inf),
                       where=~_visible_block(p0, p1, c0, c1, W))
+    return s
+
+
+def _softmax_in_place(s, sink):
+    """``s`` (masked scores) becomes P = e^(s - m); returns (l, empty rows, l made safe)."""
     m = s.max(axis=2)  # (G, R)
     if sink is not None:
         m = np.maximum(m, sink[:, None])
@@ -210,12 +234,36 @@ def _block(a: Attn, qb, kh, vh, k_lo: int, sink, i0: int, i1: int, dt, with_base
     l = s.sum(axis=2)
     if sink is not None:
         l += np.exp(sink[:, None] - m_safe)
-    l_safe = np.where(l > 0, l, 1)
+    return m, empty, np.where(l > 0, l, 1)
+
+
+def _block(a: Attn, qb, kh, vh, k_lo: int, sink, i0: int, i1: int, dt, with_baseline: bool):
+    """Rows [i0, i1) of the G heads in ``qb: (G, rows, d)`` (already scaled) against their
+    key band. ``kh, vh`` hold keys [k_lo, skv).
+
+    The baseline (``with_baseline``) rounds P to fp16 before P.V and the output to fp16. Where
+    a row's max logit exceeds :data:`FP32_LOGITS_ABOVE` in magnitude, the block's logits are
+    fp32 dot products of the fp32-rounded scaled q and k (:func:`_fp32_dots`, the softcap in
+    fp32 too): what an fp32-accumulating kernel can resolve there (docs/semantics.md,
+    Coverage model)."""
+    W = a.window
+    p0, p1 = a.past_len + i0, a.past_len + i1 - 1  # first and last absolute positions
+    lo = 0 if W < 0 else max(0, p0 - W + 1)
+    hi = p1 + 1
+    kb = kh[lo - k_lo:hi - k_lo]
+    s = _masked_scores(a, qb, kb, p0, p1, lo, hi, dt)
+    m, empty, l_safe = _softmax_in_place(s, sink)
     vb = vh[lo - k_lo:hi - k_lo]
     o = _pv(s, vb) / l_safe[:, :, None]
     o[empty] = 0
     ob = None
     if with_baseline:
+        big = np.abs(m[~empty]).max(initial=0) > FP32_LOGITS_ABOVE
+        if big:
+            f32 = np.dtype(np.float32)
+            s = _masked_scores(a, qb.astype(f32), kb, p0, p1, lo, hi, f32, fp32_dots=True)
+            s = s.astype(np.float64)
+            _, empty, l_safe = _softmax_in_place(s, sink)
         p16 = s.astype(np.float16).astype(np.float64)
         ob = _pv(p16, vb) / l_safe[:, :, None]
         ob[empty] = 0
