@@ -27,7 +27,8 @@ spec of those sources and is judged with them). ``hipkernel`` also has ``prepare
 from __future__ import annotations
 
 from hipkernel import api, model
-from hipkernel.config import DEFAULT, KernelConfig, candidates, config_from_name, runs_path
+from hipkernel.config import (DEFAULT, KernelConfig, candidates, compiled_variants, config_from_name,
+                              runs_path)
 from refattn.mutants import MUTANTS
 
 # A target with every path the model emulates (scalar, mma, wgmma, wgspan): its configs are
@@ -75,6 +76,14 @@ class _FusedKernel:
 
     def _arch(self) -> str:
         return _MODEL_ARCH
+
+    @staticmethod
+    def tile_sizes() -> dict[str, list[int]]:
+        """The query-row and key tiles of every config the tuner may launch
+        (``compiled_variants``): what the coverage model's Sq and skv axes are relative to."""
+        configs = [cfg for _, cfg in compiled_variants()]
+        return {"q": sorted({c.block_positions for c in configs}),
+                "kv": sorted({c.bkv for c in configs})}
 
     def variants(self, case) -> list[str]:
         """The configs that run ``case`` on this adapter's target, each by its name (what

@@ -35,7 +35,11 @@ KV tiles t = t0 .. ceil(kv_end / BKV) - 1, keys j in [t*BKV, t*BKV + BKV):
                                                  at any magnitude; its rounding is common
                                                  to the row and cancels in acc / l)
           NaN guard: if m_new == -inf the row has seen nothing so far and sees nothing in
-          this tile: leave (m, l, acc) untouched (exp2(-inf - -inf) would be NaN). Else
+          this tile: leave (m, l, acc) untouched (exp2(-inf - -inf) would be NaN). (The
+          kernels take alpha = 1 and p = 0 for such a row and still add P.V = 0 * v_j, the
+          same unless the tile loads a NaN or inf v_j; the mma, wgmma and AMD paths' warps
+          skip a tile none of their rows sees, which keeps acc as here. Under the
+          window_skip_off mutant those skips are off, and the model adds 0 * v_j too.) Else
           alpha = exp2(m - m_new)                (0 when m = -inf)
           p_j   = exp2(fma(s_j, c2, -m_new))     one rounding, so p_j has no error of size
                                                  ulp(c2 s_j) where |c2 s_j| is large (at
@@ -97,6 +101,9 @@ _MUTANT_NAMES = frozenset(m.name for m in MUTANTS)
 _CPUS = affinity_cpus()
 _N_WORKERS = max(1, min(4, _CPUS))  # threads over Q tiles (see _run)
 _SINK_MODE = {"none": 0, "per_head": 1, "smooth": 2}  # the kernel's sink_mode argument
+# The running max the max_floor mutant starts a row from (exp2 units, the kernels' m), in place
+# of -inf: -1e4 is -6931.5 in natural-log units.
+MAX_FLOOR = np.float32(-1e4)
 
 
 def visible(p, j, window: int, *, off_by_one: bool = False):
@@ -170,11 +177,18 @@ def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str]) -> np.ndar
     # batched GEMM serves all (b, kvh, g): qg is (B, Hkv, G, Sq, d).
     heads = np.arange(Hq)
     kvh = heads // G
+    kv_of = None
     if "gqa_modulo" in mut:
         # the kernel maps a block of pack heads by its first head, h0 = pack * (h // pack):
         # kvh = h0 % Hkv, which need not give every KV head G query heads. So each query head
         # gets its own copy of the KV head it reads (Hkv := Hq, G := 1).
         kv_of = heads // config.pack * config.pack % Hkv
+    elif "head_tile_crosses_group" in mut:
+        # every head of a tile of 16 query heads reads the KV head of the tile's first head;
+        # a block's pack heads (pack divides 16) lie in one such tile, so mapping the block by
+        # its first head h0 gives the same (h0 & ~15) // G
+        kv_of = (heads & ~15) // G
+    if kv_of is not None:
         k, v = k[:, kv_of], v[:, kv_of]
         Hkv, G = Hq, 1
         kvh = heads
@@ -207,7 +221,7 @@ def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str]) -> np.ndar
         if span:  # the block's first position sets the zero-fill
             tiles, kv_start = _span_tiles(i0, i0 - i0 % (BM * config.walk), Sq, past, W, BKV, BM_WG, mut)
         else:
-            kv_start = max(0, p_first - W + 1) if W > 0 else 0
+            kv_start = _kv_start(p_first, W, mut)
             t0 = kv_start // BKV  # from the FIRST row: later rows' lower bounds are higher
             if "clamp_from_last_row" in mut and W > 0:
                 t0 = max(0, p_last - W + 1) // BKV
@@ -217,7 +231,7 @@ def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str]) -> np.ndar
 
         qb = qg[:, :, :, i0:i1]  # (B, Hkv, G, R, d)
         R = i1 - i0
-        m = np.full((B, Hkv, G, R), _NEG_INF, _F32)
+        m = np.full((B, Hkv, G, R), MAX_FLOOR if "max_floor" in mut else _NEG_INF, _F32)
         l = np.zeros((B, Hkv, G, R), _F32)
         acc = np.zeros((B, Hkv, G, R, d), _F32)
         for j0 in tiles:
@@ -260,7 +274,13 @@ def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str]) -> np.ndar
             else:  # rows that saw nothing keep their state
                 m = np.where(guard, m, m_new)
                 l = np.where(guard, l, l_new)
-                acc = np.where(guard[..., None], acc, acc_new)
+                acc_kept = acc
+                if "window_skip_off" in mut:
+                    # Every path walks every tile of the block here (the mutant turns their
+                    # per-warp skips off too), and a guarded row takes alpha = 1 and p = 0
+                    # there: P.V adds 0 * v_j to its acc, NaN where a v_j is NaN or inf.
+                    acc_kept = acc + (vt * _F32(0)).sum(axis=2)[:, :, None, None, :]
+                acc = np.where(guard[..., None], acc_kept, acc_new)
 
         # epilogue: fold the sink into the denominator, once per row
         f = _F32(1)
@@ -307,14 +327,23 @@ def _span_tiles(i0: int, blk0: int, Sq: int, past: int, W: int, bkv: int, bm: in
     run ``bkv`` keys each up to the warpgroup's last row."""
     def first_key(i: int) -> int:
         p = past + (min(i + bm, Sq) - 1 if "clamp_from_last_row" in mut else i)
-        j = max(0, p - W + 1) if W > 0 else 0
+        j = _kv_start(p, W, mut)
         return j + bkv if "clamp_plus_one_tile" in mut else j
 
     kv_base = first_key(blk0)
     a = kv_base + ((first_key(i0) - kv_base) & ~7)
     kv_end = past + min(i0 + bm, Sq)
     n = -(-(kv_end - a) // bkv) if kv_end > a else 0
-    return [a + bkv * c for c in range(n)], (max(0, past + blk0 - W + 1) if W > 0 else 0)
+    return [a + bkv * c for c in range(n)], _kv_start(past + blk0, W, mut)
+
+
+def _kv_start(p: int, W: int, mut: frozenset[str]) -> int:
+    """The first key a row at position ``p`` may see, max(0, p - W + 1) under a window (the
+    kernels' ``kv_start_of``); 0 under the ``window_skip_off`` mutant, whose walk and loads
+    then start at key 0 (the mask still hides the keys left of the window)."""
+    if W > 0 and "window_skip_off" not in mut:
+        return max(0, p - W + 1)
+    return 0
 
 
 def _mul_up(x: np.ndarray, c: np.float32) -> np.ndarray:

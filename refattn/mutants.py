@@ -63,6 +63,15 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("sink_unshifted",
        "the sink enters the denominator as exp2(sigma*log2e) without subtracting the running "
        "max: wrong weights, and inf (output 0) for large sinks"),
+    _m("head_tile_crosses_group",
+       "a tile of 16 query heads reads the KV head of its first head, (h & ~15) // G: wrong "
+       "wherever a KV group boundary falls inside the tile (G = 12, 24; G < 16 with Hkv > 1)"),
+    _m("window_skip_off",
+       "the KV loop starts at key 0, not at the window's first tile, and loads what it walks: "
+       "exact zeros on finite data, 0 * NaN = NaN from a non-finite V left of the window"),
+    _m("max_floor",
+       "the running max starts at a finite floor (-1e4 in exp2 units) instead of -inf: a row "
+       "whose logits all lie far below it gets p = 0, l = 0 and output 0"),
 )
 
 _BY_NAME = {m.name: m for m in MUTANTS}

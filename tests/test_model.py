@@ -46,6 +46,11 @@ class Shape:
     pad: int = 40  # cache capacity past skv, filled with NaN
     q_scale: float = 1.0  # > 1 makes the softmax peakier
     seed: int = 0
+    # k and v at the keys left of every row's window (j < past - W + 1), as a cache holds
+    # evicted rows; None: the random keys
+    left_fill: float | None = None
+    # a common offset of every logit, in natural-log units (see make); 0: none
+    logit_offset: float = 0.0
 
     @property
     def skv(self) -> int:
@@ -53,11 +58,27 @@ class Shape:
 
 
 def make(s: Shape):
-    """fp16 (q, k, v, sink) for ``s``; k and v carry NaN canaries in [skv, S_cap)."""
+    """fp16 (q, k, v, sink) for ``s``; k and v carry NaN canaries in [skv, S_cap).
+
+    With ``logit_offset``, q and k are rounded to quarters in [-2, 2] and dim 0 carries the
+    offset: q = 256 there and k = offset * sqrt(d) / 256 (rounded to an integer), the same
+    for every key, so the logits are the random ones plus one common offset. Every product
+    is then a multiple of 1/16 and every dot product, below 2^20 in magnitude, exact in fp32:
+    the offset costs the clean model no precision."""
     rng = np.random.default_rng(s.seed)
-    q = (rng.standard_normal((s.B, s.Sq, s.Hq, s.d)) * s.q_scale).astype(np.float16)
-    k = rng.standard_normal((s.B, s.Hkv, s.skv + s.pad, s.d)).astype(np.float16)
+    q = rng.standard_normal((s.B, s.Sq, s.Hq, s.d)) * s.q_scale
+    k = rng.standard_normal((s.B, s.Hkv, s.skv + s.pad, s.d))
     v = rng.standard_normal((s.B, s.Hkv, s.skv + s.pad, s.d)).astype(np.float16)
+    if s.logit_offset:
+        q, k = (np.clip(np.round(x * 4), -8, 8) / 4 for x in (q, k))
+        q[..., 0] = 256
+        k[..., 0] = np.round(s.logit_offset * np.sqrt(s.d) / 256)
+    q, k = q.astype(np.float16), k.astype(np.float16)
+    if s.left_fill is not None:
+        lowest = s.past - s.window + 1  # the first key any row can see
+        assert s.window > 0 and lowest > 0, s
+        k[:, :, :lowest] = s.left_fill
+        v[:, :, :lowest] = s.left_fill
     k[:, :, s.skv:] = np.nan
     v[:, :, s.skv:] = np.nan
     if s.sink == "per_head":
@@ -200,6 +221,13 @@ KILLERS = {
     # skv = 40: the last KV tile [32, 64) reads the NaN canaries at [40, 64)
     "tail_unmasked": Shape("k", Sq=40, pad=24, config=M4B32),
     "sink_unshifted": Shape("k", Sq=16, sink="per_head"),
+    # G = 12: heads 12..15 of the 16-head tile [0, 16) read KV head 0 instead of 1
+    "head_tile_crosses_group": Shape("k", Sq=32, Hq=24, Hkv=2),
+    # keys [0, 81) hold NaN, evicted rows left of every row's window: the walk from key 0
+    # multiplies p = 0 by them
+    "window_skip_off": Shape("k", Sq=40, past=100, window=20, left_fill=float("nan")),
+    # every logit 5e4 below the random ones (-7.2e4 in exp2 units): far below the floor
+    "max_floor": Shape("k", Sq=32, logit_offset=-5e4),
 }
 SINK_MAX_SKIPPED_WHY = (
     "equivalent at fp16 output: m_fin = m differs from max(m, sig2) only by a common factor "

@@ -43,12 +43,24 @@ HK_INLINE float sink_logit2(const half_t* sink, int sink_mode, int h) {
 #endif
 }
 
+// The running max a row starts from, in exp2 units: -inf (the NaN guard keeps a row that has
+// seen nothing).
+HK_INLINE float row_max_init() {
+#ifdef HIPKERNEL_MUTANT_MAX_FLOOR
+    return -1.0e4f;  // a finite floor: a row whose logits all lie far below it gets p = 0
+#else
+    return hk_neg_inf();
+#endif
+}
+
 // ---- block-level steps (per Q tile)
 
 // The KV head of query head h: G = Hq / Hkv consecutive query heads share one.
 HK_INLINE int kv_head(int h, int Hq, int Hkv) {
-#ifdef HIPKERNEL_MUTANT_GQA_MODULO
+#if defined(HIPKERNEL_MUTANT_GQA_MODULO)
     return h % Hkv;
+#elif defined(HIPKERNEL_MUTANT_HEAD_TILE_CROSSES_GROUP)
+    return (h & ~15) / (Hq / Hkv);  // the KV head of h's 16-head tile's first head
 #else
     return h / (Hq / Hkv);
 #endif
@@ -65,7 +77,12 @@ HK_INLINE int query_base(int past_len) {
 
 // The first key any row at positions [p_first, p_last] of a Q tile may see.
 HK_INLINE int kv_start_of(int p_first, int window) {
+#ifdef HIPKERNEL_MUTANT_WINDOW_SKIP_OFF
+    (void)p_first, (void)window;
+    return 0;  // no start clamp: the walk and the loads start at key 0
+#else
     return window > 0 ? (p_first - window + 1 > 0 ? p_first - window + 1 : 0) : 0;
+#endif
 }
 
 // The first KV tile (of bkv keys) of that Q tile. Start-tile clamp from the tile's FIRST

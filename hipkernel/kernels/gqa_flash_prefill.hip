@@ -84,8 +84,10 @@ extern "C" __global__ HK_LAUNCH_BOUNDS(NTHREADS) void gqa_flash_prefill(
     const int lane_half = tid & 1;  // which chunks of the row, and which keys, this lane holds
     const int row = tid >> 1;
     const int qt = hk_block_x(), h = hk_block_y(), b = hk_block_z();
-#ifdef HIPKERNEL_MUTANT_GQA_MODULO
+#if defined(HIPKERNEL_MUTANT_GQA_MODULO)
     const int kvh = h % Hkv;
+#elif defined(HIPKERNEL_MUTANT_HEAD_TILE_CROSSES_GROUP)
+    const int kvh = (h & ~15) / (Hq / Hkv);  // the KV head of h's 16-head tile's first head
 #else
     const int kvh = h / (Hq / Hkv);  // G = Hq / Hkv query heads share a KV head
 #endif
@@ -104,7 +106,11 @@ extern "C" __global__ HK_LAUNCH_BOUNDS(NTHREADS) void gqa_flash_prefill(
     const bool row_ok = i < Sq;  // rows past Sq compute but store nothing
     const int p = past + i;
     const int kv_end = p_last + 1;
+#ifdef HIPKERNEL_MUTANT_WINDOW_SKIP_OFF
+    const int kv_start = 0;  // no start clamp: the walk and the loads start at key 0
+#else
     const int kv_start = window > 0 ? (p_first - window + 1 > 0 ? p_first - window + 1 : 0) : 0;
+#endif
     // Start-tile clamp from the tile's FIRST row: the rows' lower bounds p - W + 1 are
     // non-decreasing, so this start covers every row and the mask trims the rest.
 #ifdef HIPKERNEL_MUTANT_CLAMP_FROM_LAST_ROW
@@ -149,7 +155,11 @@ extern "C" __global__ HK_LAUNCH_BOUNDS(NTHREADS) void gqa_flash_prefill(
     const float c2 = scale * LOG2E;  // c2 * dot(q, k): logits in exp2 space
 
     // Online-softmax state of this row (both lanes of the pair hold the same m and l).
+#ifdef HIPKERNEL_MUTANT_MAX_FLOOR
+    float m = -1.0e4f, l = 0.0f;  // a finite floor (exp2 units) for the running max
+#else
     float m = hk_neg_inf(), l = 0.0f;
+#endif
     float acc[NCH][8];
 #pragma unroll
     for (int c = 0; c < NCH; ++c)

@@ -30,7 +30,7 @@
 //                wants; WMMA's holds every other key, and one exchange with lane l ^ 16
 //                completes it. O^T's accumulator gives lane l dims mma_acc_row(v, l) of its row.
 // A wave skips a KV tile in which none of its rows sees a key, as the mma path's warps do
-// (bit-identical: there the model's state does not change), except under the two mutants
+// (bit-identical: there the model's state does not change), except under the three mutants
 // that make such a tile matter (and in the NVIDIA emulation of WAVE 64, EMU_BLOCK_SYNC). Mutants (refattn/mutants.py) are -DHIPKERNEL_MUTANT_<NAME>=1:
 // flash_common.h's, and the per-row ones below at the same places as in the other paths.
 //
@@ -68,7 +68,8 @@
 #else
 #define EMU_BLOCK_SYNC 0
 #endif
-#if !defined(HIPKERNEL_MUTANT_NO_NAN_GUARD) && !defined(HIPKERNEL_MUTANT_TAIL_UNMASKED) && !EMU_BLOCK_SYNC
+#if !defined(HIPKERNEL_MUTANT_NO_NAN_GUARD) && !defined(HIPKERNEL_MUTANT_TAIL_UNMASKED) && \
+    !defined(HIPKERNEL_MUTANT_WINDOW_SKIP_OFF) && !EMU_BLOCK_SYNC
 #define WAVE_SKIP 1
 #else
 #define WAVE_SKIP 0
@@ -152,7 +153,7 @@ extern "C" __global__ HK_LAUNCH_BOUNDS(NTHREADS) void gqa_flash_prefill(
     const float c2 = scale * LOG2E;  // s2 = c2 * dot(q, k): logits in exp2 space
 
     // Online-softmax state of the lane's row; o[nd][v] is dim 16 nd + mma_acc_row(v, l).
-    float m = hk_neg_inf(), lsum = 0.0f;
+    float m = row_max_init(), lsum = 0.0f;
     float o[ND][MMA_ACC];
 #pragma unroll
     for (int nd = 0; nd < ND; ++nd)

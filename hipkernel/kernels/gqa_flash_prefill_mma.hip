@@ -45,9 +45,9 @@
 //                model.py rounds P the same way for path "mma".
 // A warp skips a KV tile in which none of its rows sees a key (causal diagonal, window
 // edge). The model walks such tiles for every row, and there they change nothing exactly
-// (m_new = m or the NaN guard holds, alpha = 1, p = 0), so skipping is bit-identical. Two
-// mutants make such a tile matter (no_nan_guard: exp2(-inf - -inf); tail_unmasked: 0 * NaN
-// in P.V), so under them the warp walks every tile as the model does.
+// (m_new = m or the NaN guard holds, alpha = 1, p = 0), so skipping is bit-identical. Three
+// mutants make such a tile matter (no_nan_guard: exp2(-inf - -inf); tail_unmasked and
+// window_skip_off: 0 * NaN in P.V), so under them the warp walks every tile as the model does.
 // Mutants (refattn/mutants.py) are -DHIPKERNEL_MUTANT_<NAME>=1, each an #ifdef where it bites,
 // at the same places as in gqa_flash_prefill.hip.
 //
@@ -114,8 +114,10 @@
 #define NB_O (HEAD_DIM / 8)   // 8-dim blocks of the output (MMA n)
 
 // Tiles that cannot change a row's state may be skipped (see the header), except under the
-// two mutants for which they do.
-#if !defined(HIPKERNEL_MUTANT_NO_NAN_GUARD) && !defined(HIPKERNEL_MUTANT_TAIL_UNMASKED)
+// three mutants for which they do (window_skip_off: the skip of the tiles left of a warp's
+// window is the window skip the mutant removes).
+#if !defined(HIPKERNEL_MUTANT_NO_NAN_GUARD) && !defined(HIPKERNEL_MUTANT_TAIL_UNMASKED) && \
+    !defined(HIPKERNEL_MUTANT_WINDOW_SKIP_OFF)
 #define WARP_SKIP 1
 #else
 #define WARP_SKIP 0
@@ -184,8 +186,10 @@ extern "C" __global__ MMA_LAUNCH_BOUNDS void gqa_flash_prefill(
     const int b = hk_block_z();
     const int h0 = PACK * hk_block_y();  // the block's first head; lane row heads h0 + g % PACK
     const int h = h0 + g % PACK;         // this lane's rows' head
-#ifdef HIPKERNEL_MUTANT_GQA_MODULO
+#if defined(HIPKERNEL_MUTANT_GQA_MODULO)
     const int kvh = h0 % Hkv;
+#elif defined(HIPKERNEL_MUTANT_HEAD_TILE_CROSSES_GROUP)
+    const int kvh = (h0 & ~15) / (Hq / Hkv);  // the 16-head tile's first head (PACK divides 16)
 #else
     const int kvh = h0 / (Hq / Hkv);  // G = Hq / Hkv query heads share a KV head
 #endif
@@ -203,7 +207,7 @@ extern "C" __global__ MMA_LAUNCH_BOUNDS void gqa_flash_prefill(
     // only, so one bound holds for every block (hipkernel.config.KernelConfig.ring_serves
     // mirrors it).
     bool ring = false;
-#if KV_SLOTS > KV_STAGES
+#if KV_SLOTS > KV_STAGES && !defined(HIPKERNEL_MUTANT_WINDOW_SKIP_OFF)  // (its walks start at key 0)
     if (window > 0) {
         int span_max = 0;
         for (int r = 0; r < (BKV > BP ? BKV / BP : 1); ++r) {
@@ -228,7 +232,11 @@ extern "C" __global__ MMA_LAUNCH_BOUNDS void gqa_flash_prefill(
         const int i_last = (i0 + BP < Sq ? i0 + BP : Sq) - 1;
         const int p_first = past + i0, p_last = past + i_last;
         const int kv_end = p_last + 1;
+#ifdef HIPKERNEL_MUTANT_WINDOW_SKIP_OFF
+        const int kv_start = 0;  // no start clamp: the walk and the loads start at key 0
+#else
         const int kv_start = window > 0 ? (p_first - window + 1 > 0 ? p_first - window + 1 : 0) : 0;
+#endif
         // Start-tile clamp from the tile's FIRST row: the rows' lower bounds p - W + 1 are
         // non-decreasing, so this start covers every row and the mask trims the rest.
 #ifdef HIPKERNEL_MUTANT_CLAMP_FROM_LAST_ROW
@@ -297,7 +305,11 @@ extern "C" __global__ MMA_LAUNCH_BOUNDS void gqa_flash_prefill(
         for (int f = 0; f < WARP_M; ++f) {
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
+#ifdef HIPKERNEL_MUTANT_MAX_FLOOR
+                m[f][r] = -1.0e4f;  // a finite floor (exp2 units) for the running max
+#else
                 m[f][r] = hk_neg_inf();
+#endif
                 l[f][r] = 0.0f;
             }
 #pragma unroll

@@ -37,7 +37,8 @@
 //                path, each lane sums its fp32 p and the row's 4 lanes add theirs up).
 // A warpgroup's S and O fragments are, warp by warp, exactly the mma path's, so the softmax
 // is the same code. A warpgroup skips a KV tile none of its 64 rows sees; as in the mma path
-// that is bit-identical to walking it, except under no_nan_guard and tail_unmasked.
+// that is bit-identical to walking it, except under no_nan_guard, tail_unmasked and
+// window_skip_off.
 //
 // Shared layout of a K or V tile: wgmma's 128-byte swizzle (wgmma.h). The tile is HEAD_DIM / 64
 // column blocks of 64 dims (CBLOCK_BYTES = BKV x 128 bytes each); key j's 16-byte chunk c
@@ -226,7 +227,8 @@
 #define KC_P (BKV / 16)       // 16-key steps of P V (wgmma k)
 #define NB_O (HEAD_DIM / 8)   // 8-dim blocks of the output
 
-#if !defined(HIPKERNEL_MUTANT_NO_NAN_GUARD) && !defined(HIPKERNEL_MUTANT_TAIL_UNMASKED)
+#if !defined(HIPKERNEL_MUTANT_NO_NAN_GUARD) && !defined(HIPKERNEL_MUTANT_TAIL_UNMASKED) && \
+    !defined(HIPKERNEL_MUTANT_WINDOW_SKIP_OFF)
 #define GROUP_SKIP 1  // see the header
 #else
 #define GROUP_SKIP 0
@@ -483,7 +485,7 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     load_q_fragments(qf, qrow);
     const float c2 = scale * LOG2E;  // s2 = c2 * dot(q, k): logits in exp2 space
 
-    float m[2] = {hk_neg_inf(), hk_neg_inf()};
+    float m[2] = {row_max_init(), row_max_init()};
 #if ROWSUM_MMA
     float ls[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};  // the row sums, a D fragment of n = 8: ls[0][2 r], [2 r + 1] row g + 8 r's l
 #else

@@ -62,7 +62,8 @@
 // No chunk precedes a row's first visible key (every row's window starts inside its unit's
 // first chunk: lo_p - a_u <= BP_WG - 1 + 7 < BKV), so the NaN guard never fires here and
 // the no_nan_guard mutant cannot change an output (hipkernel.config.EQUIVALENT_ON_PATH); a
-// unit walks no chunk past its last row. The model walks the same chunks (model.py, path
+// unit walks no chunk past its last row. (Under the window_skip_off mutant every unit's
+// chunks start at key 0, so there the guard does fire.) The model walks the same chunks (model.py, path
 // "wgspan"). Mutants (refattn/mutants.py) bite in flash_common.h / flash_rows.h and in
 // span_lo below.
 
@@ -337,7 +338,7 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
         const unsigned int k_lo0 = hk_wgmma_desc_lo(k_s0 + o_bytes, 16u);
         const unsigned int v_lo0 = hk_wgmma_desc_lo(v_s0 + o_bytes, HEAD_DIM > 64 ? CBLOCK_BYTES : 1024u);
 
-        float m[2] = {hk_neg_inf(), hk_neg_inf()}, l[2] = {0.0f, 0.0f};
+        float m[2] = {row_max_init(), row_max_init()}, l[2] = {0.0f, 0.0f};
         // The O accumulator, a wgmma D fragment of n = HEAD_DIM: the first chunk's P.V sets it
         // (a warpgroup that walks no chunk in a step has no row to write).
         float o[NB_O][4];
