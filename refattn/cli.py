@@ -144,6 +144,9 @@ def _cases_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-tiles", type=_tile_list, default=None, metavar="T,T,...",
                    help="with --coverage: key tile sizes the skv and window axes are relative to "
                         "(default 16,32,64,128)")
+    p.add_argument("--tiles-of", default=None, metavar="KERNEL",
+                   help="with --coverage: the tile sizes KERNEL's adapter reports (tile_sizes()), "
+                        "for the Sq, skv and window axes; --q-tiles / --kv-tiles override")
     p.add_argument("--limit", type=_count_of("name", "names"), default=4, metavar="N",
                    help="with --coverage: case names shown per cell (default 4; --json lists all)")
 
@@ -193,7 +196,17 @@ def _cases_coverage(args, names, cases) -> int:
     from refattn.cases import load_suite, suite_complete
     from refattn.coverage import DEFAULT_TILES, coverage, table_rows
 
-    tiles = {"q": args.q_tiles or DEFAULT_TILES["q"], "kv": args.kv_tiles or DEFAULT_TILES["kv"]}
+    own_tiles = DEFAULT_TILES
+    if args.tiles_of:
+        from refattn.kernels import kernel_tile_sizes, parse_kernel_name
+
+        entry = parse_kernel_name(args.tiles_of)[0].load()
+        if entry.factory is None:
+            raise UsageError(f"--tiles-of: kernel {args.tiles_of!r}: {entry.error}")
+        own_tiles = kernel_tile_sizes(entry.factory)
+        if own_tiles is None:
+            raise UsageError(f"--tiles-of: the adapter of {args.tiles_of!r} has no tile_sizes()")
+    tiles = {"q": args.q_tiles or own_tiles["q"], "kv": args.kv_tiles or own_tiles["kv"]}
     cov = coverage(cases, tiles)
     suites = {}
     for n in dict.fromkeys(names):

@@ -19,6 +19,8 @@ and optional ones, each of which unlocks a check (:data:`OPTIONAL`):
                                                  the factory takes ``mutants=`` to switch them on)
     source_hash() -> str                         what records are stamped with
     unsupported_reason(case) -> str | None       why it declines a case, shown beside it
+    tile_sizes() -> {"q": [...], "kv": [...]}  its query-row and key tile sizes (callable on
+                                                 the class), the coverage axes' reference
     facts() -> {str: str | number | bool | list} what the run JSON records of it: versions,
                                                  providers, the device it ran on
     peer = True                                  an implementation others ship, compared against
@@ -67,6 +69,7 @@ OPTIONAL = {
     "source_hash": "records and reports: a result is tied to the source it ran",
     "unsupported_reason": "refattn run: each declined case carries the kernel's reason",
     "facts": "refattn run: the run JSON records the versions and devices it names",
+    "tile_sizes": "refattn cases --coverage --tiles-of: the Sq and skv axes against its tiles",
     "peer": "refattn run picks it only when named: it is a peer to compare against",
 }
 
@@ -373,6 +376,28 @@ def kernel_source_hash(adapter) -> str | None:
         raise KernelError(f"kernel: {getattr(adapter, 'name', adapter)!r}: source_hash() must "
                           f"return a non-empty string, got {h!r}")
     return h.strip()
+
+
+def kernel_tile_sizes(factory) -> dict[str, tuple[int, ...]] | None:
+    """``factory.tile_sizes()`` (on the class or an adapter) as ``{"q": (...), "kv": (...)}``,
+    sorted and without repeats, or None when it has none. Anything but positive whole
+    numbers under both keys is a :class:`KernelError`."""
+    fn = getattr(factory, "tile_sizes", None)
+    if fn is None:
+        return None
+    who = getattr(factory, "name", factory)
+    try:
+        got = fn()
+        tiles = {key: tuple(sorted({int(t) for t in got[key]})) for key in ("q", "kv")}
+        bad = [t for key in tiles for t in tiles[key] if t < 2] + [
+            t for key in ("q", "kv") for t in got[key] if isinstance(t, bool) or int(t) != t]
+    except Exception as e:  # noqa: BLE001
+        raise KernelError(f"kernel: {who!r}: tile_sizes() must return {{'q': [...], 'kv': [...]}} "
+                          f"of whole numbers >= 2 ({type(e).__name__}: {e})") from e
+    if bad or not tiles["q"] or not tiles["kv"]:
+        raise KernelError(f"kernel: {who!r}: tile_sizes() must return whole numbers >= 2 under "
+                          f"'q' and 'kv', got {got!r}"[:300])
+    return tiles
 
 
 def kernel_facts(adapter) -> dict | None:

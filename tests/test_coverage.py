@@ -250,3 +250,17 @@ def test_cases_coverage_usage_errors(capsys):
     assert code == 2 and "--per-case: needs --coverage" in err
     code, _, err = run_cli(capsys, "cases", "--coverage", "--q-tiles", "16,x")
     assert code == 2 and "--q-tiles" in err
+
+
+def test_the_default_matrix_covers_the_fused_kernels_own_tiles(capsys, monkeypatch):
+    monkeypatch.delenv("REFATTN_CASES_DIR", raising=False)
+    code = cli.main(["cases", "--coverage", "--suite", "seed", "--suite", "coverage",
+                     "--tiles-of", "model", "--json"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    cov = json.loads(out)["coverage"]
+    assert cov["unhit_required"] == [] and cov["tiles"]["kv"] == [32, 64, 128, 136]
+    hit = {a["axis"]: {v["value"] for v in a["values"] if v["count"]} for a in cov["axes"]}
+    assert {"256k", "256k-1", "256k+1"} <= hit["sq"] and {"136k", "136k-1", "136k+1"} <= hit["skv"]
+    assert cli.main(["cases", "--coverage", "--tiles-of", "reference"]) == 2
+    assert "has no tile_sizes()" in capsys.readouterr().err

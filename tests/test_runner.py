@@ -384,3 +384,29 @@ def test_requires_gpu_is_answered_per_variant_where_a_factory_can():
     assert not e.requires_gpu_for(None)
     plain = K.KernelEntry("p", "x:P", "import path", factory=H.AvailableGpuKernel)
     assert plain.requires_gpu_for("anything") and plain.requires_gpu_for(None)
+
+
+def test_tile_sizes_are_read_from_the_class_and_checked():
+    class Tiled:
+        name = "tiled"
+
+        @staticmethod
+        def tile_sizes():
+            return {"q": [64, 16, 64], "kv": (128, 32)}
+
+    assert K.kernel_tile_sizes(Tiled) == {"q": (16, 64), "kv": (32, 128)}
+    assert K.kernel_tile_sizes(object) is None
+
+    class Bad(Tiled):
+        @staticmethod
+        def tile_sizes():
+            return {"q": [1.5], "kv": [32]}
+
+    class Missing(Tiled):
+        @staticmethod
+        def tile_sizes():
+            return {"q": [16]}
+
+    for bad in (Bad, Missing):
+        with pytest.raises(K.KernelError, match="'tiled': tile_sizes\\(\\) must return"):
+            K.kernel_tile_sizes(bad)
