@@ -5,7 +5,7 @@
 Sections (each writes its record to DIR as soon as it finishes, so a later failure or a
 time-out loses nothing):
 
-* ``matrix``  -> ``h200.json``: the case matrix (seed, extended, contracts) on the kernel,
+* ``matrix``  -> ``h200.json``: the case matrix (seed, extended, contracts, coverage) on the kernel,
   per-case outcome, relL2, max-abs, time, and the autotune choices made.
 * ``mutants`` -> ``mutants-h200.json``: the GPU kill matrix (each mutant compiled in with its
   ``-D`` macro), with ``HIPKERNEL_TUNE=0`` so every mutant runs the same configs.
@@ -152,8 +152,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="directory for the records")
     ap.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections")
     ap.add_argument("--backend", default=None, help="cuda or hip (default: first that works)")
-    ap.add_argument("--suites", default="seed,extended,contracts")
-    ap.add_argument("--mutant-suites", default="seed,extended")
+    ap.add_argument("--suites", default="seed,extended,contracts,coverage")
+    ap.add_argument("--mutant-suites", default="seed,extended,coverage")
     ap.add_argument("--fuzz-n", type=int, default=500, help="fuzzed geometries (reliability)")
     ap.add_argument("--sanitizer-logs", nargs="*", default=[],
                     help="compute-sanitizer logs to parse into the reliability record")

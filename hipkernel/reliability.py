@@ -400,7 +400,7 @@ def fuzz(be, n: int = 500, seed: int = 0, *, max_cost: int = DEFAULT_MAX_COST,
 
 
 
-def sanitizer_commands(suites=("seed", "extended"), python: str = "python",
+def sanitizer_commands(suites=("seed", "extended", "coverage"), python: str = "python",
                        extra: str = "") -> dict[str, str]:
     """The command line per compute-sanitizer tool, run from the repository root with
     ``PYTHONPATH=.``. ``extra`` is appended to the target's arguments (e.g. ``-k w128``)."""
@@ -409,7 +409,7 @@ def sanitizer_commands(suites=("seed", "extended"), python: str = "python",
     return {tool: f"compute-sanitizer {opts} {target}" for tool, opts in SANITIZER_TOOLS.items()}
 
 
-def sanitizer_script(suites=("seed", "extended"), out_dir: str = "sanitizer",
+def sanitizer_script(suites=("seed", "extended", "coverage"), out_dir: str = "sanitizer",
                      tools=("memcheck", "racecheck"), python: str = "python") -> str:
     """A bash script that runs each tool over the target, keeps each log, and ends by parsing
     the logs into JSON (``--parse-sanitizer``, exit 0 iff every log is clean)."""
@@ -432,7 +432,7 @@ def case_cost(case: Case) -> int:
     return visible_pairs(case.sq, case.past_len, case.window) * case.Hq * case.B
 
 
-def sanitize_target(suites=("seed", "extended"), *, backend=None, match=None, cache: str = "tight",
+def sanitize_target(suites=("seed", "extended", "coverage"), *, backend=None, match=None, cache: str = "tight",
                     all_configs: bool = False, judge: bool = False, cheapest_first: bool = False,
                     out=None) -> int:
     """The case matrix once on the kernel, for compute-sanitizer. ``HIPKERNEL_TUNE=0``, so
@@ -564,7 +564,7 @@ def main(argv=None) -> int:
                     "sanitizer log parser, and determinism + fuzzing on a GPU.",
         epilog="examples:\n"
                "  compute-sanitizer --tool memcheck --leak-check full --error-exitcode 3 \\\n"
-               "      python -m hipkernel.reliability --sanitize-target --suites seed,extended\n"
+               "      python -m hipkernel.reliability --sanitize-target --suites seed,extended,coverage\n"
                "  python -m hipkernel.reliability --parse-sanitizer memcheck.log racecheck.log\n"
                "  python -m hipkernel.reliability --run --fuzz-n 500 --out reports/gpu\n"
                "  python -m hipkernel.reliability --print-sanitizer-script\n")
@@ -577,7 +577,7 @@ def main(argv=None) -> int:
                       help="determinism over --suites and fuzzing; write a reliability record to --out")
     mode.add_argument("--print-sanitizer-script", action="store_true",
                       help="print a bash script running memcheck and racecheck over the target")
-    ap.add_argument("--suites", default="seed,extended", help="comma-separated case suites")
+    ap.add_argument("--suites", default="seed,extended,coverage", help="comma-separated case suites")
     ap.add_argument("--backend", default=None, help="cuda or hip (default: first that works)")
     ap.add_argument("-k", dest="match", action="append", metavar="SUBSTRING",
                     help="only cases whose name contains SUBSTRING (repeatable)")

@@ -8,7 +8,7 @@
 #          config forced; with two GPUs also the sweep of kernel-only times, on GPU 1 alone)
 #                                                                      -> rec/mma_check.json
 #        compute-sanitizer racecheck (GPU 1 of two) and memcheck (GPU 0), each until its
-#          limit, over seed + extended cheapest first                  -> rel/{race,mem}check.log
+#          limit, over seed + extended + coverage cheapest first                  -> rel/{race,mem}check.log
 #   3. alone on GPU 0: hipkernel.gpu_session --only matrix,measure,bench (tunes, then times),
 #      then --only reliability with the two logs                       -> rel/
 #   4. rec/ and rel/ packed into one file, $OUT/records.tgz
@@ -39,7 +39,7 @@ el() { echo $(( $(date +%s) - t0 )); }
 nvidia-smi --query-gpu=index,name,clocks.max.sm --format=csv > "$REC/gpus.csv"
 python3 scripts/mma_check.py --sections records,mutants --prewarm-only > "$REC/mma.log" 2>&1
 echo "prewarm: $(el) s, $GPUS GPU(s)" | tee -a "$REC/mma.log"
-TARGET="python3 -m hipkernel.reliability --sanitize-target --suites seed,extended --cheapest-first"
+TARGET="python3 -m hipkernel.reliability --sanitize-target --suites seed,extended,coverage --cheapest-first"
 echo "kernel source $(python3 -c 'from hipkernel.api import source_hash; print(source_hash())')" > "$REL/racecheck.log"
 (CUDA_VISIBLE_DEVICES=0 HIPKERNEL_TUNE=0 timeout "$LIMIT" python3 -m hipkernel.gpu_session --out "$REC" \
     --only matrix,mutants > "$REC/session.log" 2>&1; echo "gpu_session rc=$? after $(el) s" >> "$REC/session.log") &

@@ -9,7 +9,7 @@ on it, and device times of scalar vs tensor-core configs at the gpt-oss geometry
 Every kernel the sections launch is compiled first, in parallel processes, into the disk
 cache (``records`` only does that for what ``hipkernel.gpu_session`` compiles).
 
-``matrix``: seed + extended suites, each case run with the first config's path at its tiles
+``matrix``: seed + extended + coverage suites, each case run with the first config's path at its tiles
 (a case's own m_tiles / bkv win where the path allows them, so its clamp geometry is kept),
 then with every other config forced; per-case relL2 against the derived gate. ``mutants``:
 the kill matrix with a path forced (its clean run replaces the matrix's first pass), at
@@ -108,7 +108,7 @@ def section_matrix(out: Path) -> dict:
     from refattn.cases import load_suites
     from refattn.runner import run_matrix
 
-    cases = load_suites(["seed", "extended"])
+    cases = load_suites(["seed", "extended", "coverage"])
     doc = {}
     for i, cfg in enumerate(MMA_ALL):
         if i == 0 and "mutants" in _SECTIONS:
@@ -210,7 +210,7 @@ def section_sweep(out: Path) -> list:
 
 
 def _kill_matrix(cfg: KernelConfig) -> tuple[str, dict]:
-    """One forced config's kill matrix over seed + extended: (printed grid and verdict, JSON)."""
+    """One forced config's kill matrix over seed + extended + coverage: (printed grid and verdict, JSON)."""
     from dataclasses import replace
 
     from hipkernel.config import EQUIVALENT_ON_PATH
@@ -218,7 +218,7 @@ def _kill_matrix(cfg: KernelConfig) -> tuple[str, dict]:
     from refattn.killmatrix import format_grid, run_kill_matrix
 
     km = run_kill_matrix(lambda mutants: ForcedKernel(cfg, mutants=mutants),
-                         load_suites(["seed", "extended"]))
+                         load_suites(["seed", "extended", "coverage"]))
     why = EQUIVALENT_ON_PATH.get(cfg.path, {})
     km.mutants = [replace(m, equivalent=why[m.name]) if m.name in why and not m.killed else m
                   for m in km.mutants]
