@@ -18,8 +18,10 @@
 # (add the JSON of `python -m hipkernel.scaling` as a third argument when two GPUs ran it).
 #   OUT=dir bash scripts/hipkernel_records.sh
 #   GPUS=1 OUT=dir bash scripts/hipkernel_records.sh
+# A PYTHONPATH already set is kept after `.`: a FlashAttention-4 installed with pip --target
+# there joins the bench as its fa4 peer.
 set -u
-export PYTHONPATH=. PYTHONUNBUFFERED=1 HIPKERNEL_CACHE_DIR=${HIPKERNEL_CACHE_DIR:-/tmp/hkcache}
+export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 HIPKERNEL_CACHE_DIR=${HIPKERNEL_CACHE_DIR:-/tmp/hkcache}
 : "${OUT:?set OUT to the output directory}"
 W=${WORK:-/tmp/records}
 REC=$W/rec

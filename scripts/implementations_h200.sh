@@ -9,7 +9,7 @@
 #   cp $OUT/impl/*-h200.json reports/implementations/ && refattn implementations
 #   OUT=dir bash scripts/implementations_h200.sh
 set -u
-export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1 HIPKERNEL_CACHE_DIR=${HIPKERNEL_CACHE_DIR:-/tmp/hkcache}
+export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 HIPKERNEL_CACHE_DIR=${HIPKERNEL_CACHE_DIR:-/tmp/hkcache}
 : "${OUT:?set OUT to the output directory}"
 SUITES=${SUITES:-"seed extended contracts"}
 LIMIT=${LIMIT:-150}                # seconds for each implementation
