@@ -69,7 +69,11 @@ class _FusedKernel:
         return self.config.for_group(inputs.q.shape[2] // inputs.k.shape[1])
 
     def supports(self, case) -> bool:
-        return api.decline_reason(d=case.d, softcap=case.softcap or 0.0, dtype=case.dtype) is None
+        return self.unsupported_reason(case) is None
+
+    def unsupported_reason(self, case) -> str | None:
+        """Why ``flash_prefill_v3`` declines the case (``api.decline_reason``), or None."""
+        return api.decline_reason(d=case.d, softcap=case.softcap or 0.0, dtype=case.dtype)
 
     def source_hash(self) -> str:
         return api.source_hash()

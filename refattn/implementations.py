@@ -79,7 +79,7 @@ def _device(doc: dict) -> str:
         if where.get("device"):
             return str(where["device"])
     host = doc.get("host") or {}
-    return str(host.get("device") or host.get("machine") or "CPU host")
+    return "CPU" + (f" ({host['machine']})" if host.get("machine") else "")
 
 
 def _cell(results: list[dict]) -> str:
@@ -130,7 +130,7 @@ def row_of(path: Path) -> Row:
     bad = sum(r.get("outcome") in BAD for r in results)
     if bad:
         total += f", {bad} FAIL"
-    return Row(path.name, str(doc.get("kernel_spec") or doc.get("kernel") or path.stem),
+    return Row(path.name, str(doc.get("kernel") or doc.get("kernel_spec") or path.stem),
                _version(doc), _device(doc), cells, declines, worst, reasons, total)
 
 
