@@ -13,7 +13,8 @@ the device, and per feature what the record's cases with that feature came to:
 * ``declined``: the implementation declined every such case (the reasons are listed under
   the table, once each);
 * ``N pass, M declined``: some of each;
-* ``FAIL k/N``: k cases failed (or violated the contract).
+* ``FAIL k/N``: k cases failed the gate (or violated the contract);
+* ``ERROR k/N``: k cases raised (the implementation could not run them).
 
 A feature is a predicate over a case's parameters (:data:`FEATURES`); a cell with no such
 case in the record is ``-`` (not run). The last columns are the decline behaviour (every
@@ -49,7 +50,6 @@ FEATURES: dict[str, tuple[str, Callable[[dict], bool]]] = {
     "bf16": ("bf16", lambda p: p.get("dtype") == "bf16"),
     "fp32": ("fp32", lambda p: p.get("dtype") == "fp32"),
 }
-BAD = ("fail", "contract-violation", "error")
 
 
 @dataclass
@@ -78,6 +78,9 @@ def _device(doc: dict) -> str:
     for where in (doc, doc.get("kernel_facts") or {}):
         if where.get("device"):
             return str(where["device"])
+    facts = doc.get("kernel_facts") or {}
+    if facts.get("memory") == "device":  # a C entry point on device memory
+        return f"GPU, through {facts.get('device_runtime') or 'a device runtime'}"
     host = doc.get("host") or {}
     return "CPU" + (f" ({host['machine']})" if host.get("machine") else "")
 
@@ -86,9 +89,11 @@ def _cell(results: list[dict]) -> str:
     if not results:
         return "-"
     n = len(results)
-    bad = sum(r.get("outcome") in BAD for r in results)
-    if bad:
-        return f"FAIL {bad}/{n}"
+    wrong = sum(r.get("outcome") in ("fail", "contract-violation") for r in results)
+    raised = sum(r.get("outcome") == "error" for r in results)
+    if wrong or raised:
+        return ", ".join(([f"FAIL {wrong}/{n}"] if wrong else []) +
+                         ([f"ERROR {raised}/{n}"] if raised else []))
     passed = sum(r.get("outcome") == "pass" for r in results)
     declined = n - passed
     if not passed:
@@ -127,9 +132,9 @@ def row_of(path: Path) -> Row:
     reasons = sorted({_reason(r.get("note", "")) for r in declined})
     passed = sum(r.get("outcome") == "pass" for r in results)
     total = f"{passed}/{len(results)} pass, {len(declined)} declined"
-    bad = sum(r.get("outcome") in BAD for r in results)
-    if bad:
-        total += f", {bad} FAIL"
+    wrong = sum(r.get("outcome") in ("fail", "contract-violation") for r in results)
+    raised = sum(r.get("outcome") == "error" for r in results)
+    total += (f", {wrong} FAIL" if wrong else "") + (f", {raised} ERROR" if raised else "")
     return Row(path.name, str(doc.get("kernel") or doc.get("kernel_spec") or path.stem),
                _version(doc), _device(doc), cells, declines, worst, reasons, total)
 
@@ -143,8 +148,9 @@ def render(rows: list[Row], source: str) -> str:
         f"Rendered by `refattn implementations` from the run records in {source}; do not edit",
         "by hand (`refattn implementations --check` fails when this file and the records differ).",
         "Each cell counts that record's cases with the feature: `N pass`, `declined` (every such",
-        "case declined, reason below), `FAIL k/N`, or `-` (no such case was run). The semantics",
-        "are docs/semantics.md; each case is judged under its derived gate.",
+        "case declined, reason below), `FAIL k/N` (wrong output), `ERROR k/N` (raised), or `-`",
+        "(no such case was run). The semantics are docs/semantics.md; each case is judged under",
+        "its derived gate.",
         "",
         "| " + " | ".join(heads) + " |",
         "|" + "---|" * len(heads),

@@ -515,6 +515,9 @@ class CabiKernel:
                 facts.update(callable_module=str(path), callable_module_sha256=_sha256(Path(path)))
         if s.memory == "device":
             facts["device_runtime"] = s.device_runtime or default_device_runtime() or ""
+            name = getattr(self._runtime_obj, "device_name", None)  # once the runtime is up
+            if name:
+                facts["device"] = str(name)
         return facts
 
     def source_hash(self) -> str:
