@@ -25,6 +25,8 @@ and optional ones, each of which unlocks a check (:data:`OPTIONAL`):
                                                  providers, the device it ran on
     peer = True                                  an implementation others ship, compared against
                                                  (never the default kernel of ``refattn run``)
+    needs_variant = True                         it is named only as ``name:variant`` (a library
+                                                 path, a spec file): never the default either
 
 ``run`` gets a :class:`refattn.cases.Inputs`; it writes into ``inputs.out`` and returns it,
 or returns its own array (the reference does, to keep fp32). On a decline it must not touch
@@ -71,6 +73,7 @@ OPTIONAL = {
     "facts": "refattn run: the run JSON records the versions and devices it names",
     "tile_sizes": "refattn cases --coverage --tiles-of: the Sq and skv axes against its tiles",
     "peer": "refattn run picks it only when named: it is a peer to compare against",
+    "needs_variant": "refattn run picks it only when named with its variant (a library, a spec)",
 }
 
 
@@ -446,13 +449,15 @@ def best_kernel() -> tuple[str, str]:
     kernel (in name order) that needs a GPU and reports itself available here; else the
     first other registered kernel that is available (a CPU model of a GPU kernel); else the
     reference, which checks only the harness. Peers (``peer = True``: torch's kernels, ONNX
-    Runtime) are compared against, never picked."""
+    Runtime) are compared against, never picked; nor is a kernel that ``needs_variant`` (a C
+    entry point, named with its library)."""
     entries = available_kernels()
     skipped = []
     for gpu in (True, False):
         for name in sorted(entries):
             e = entries[name]
-            if name == "reference" or not e.importable or e.peer or e.requires_gpu != gpu:
+            if (name == "reference" or not e.importable or e.peer or e.requires_gpu != gpu
+                    or getattr(e.factory, "needs_variant", False)):
                 continue
             try:
                 ok, reason = kernel_available(e())
@@ -463,6 +468,6 @@ def best_kernel() -> tuple[str, str]:
                 why = (f"{kind}, available: {reason}" if gpu else
                        f"{kind}{' (' + '; '.join(skipped) + ')' if skipped else ''}; {reason or 'available'}")
                 return name, why
-            skipped.append(f"{name}: {' '.join(reason.split())[:240] or 'not available'}")
+            skipped.append(f"{name}: {' '.join(reason.split())[:400] or 'not available'}")
     return "reference", "no other kernel is registered and available" + (
         f" ({'; '.join(skipped)})" if skipped else "")

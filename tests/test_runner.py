@@ -410,3 +410,19 @@ def test_tile_sizes_are_read_from_the_class_and_checked():
     for bad in (Bad, Missing):
         with pytest.raises(K.KernelError, match="'tiled': tile_sizes\\(\\) must return"):
             K.kernel_tile_sizes(bad)
+
+
+def test_a_kernel_that_needs_a_variant_is_never_the_default_nor_named_as_skipped(monkeypatch):
+    class NeedsSpec(H.CorrectKernel):
+        needs_variant = True
+
+        def __init__(self, variant=None):
+            if variant is None:
+                raise K.KernelError("kernel: needs a spec")
+            super().__init__(variant)
+
+    monkeypatch.setattr(H, "NeedsSpec", NeedsSpec, raising=False)
+    _only(monkeypatch, {"aaa": "tests.helpers_kernels:NeedsSpec",
+                        "cpuk": "tests.helpers_kernels:CorrectKernel"})
+    name, why = K.best_kernel()
+    assert name == "cpuk" and "aaa" not in why and "needs a spec" not in why

@@ -265,6 +265,7 @@ class CabiKernel:
 
     requires_gpu = False
     peer = False
+    needs_variant = True  # named with its library or spec only: never the default kernel
     variant_requires_gpu = staticmethod(spec_requires_gpu)  # the registry's per-variant answer
 
     def __init__(self, variant: str | None = None, mutants=frozenset()):
