@@ -10,6 +10,12 @@ Shapes:
     q: (B, Sq, Hq, d)            the current chunk's queries, absolute positions past_len + i
     k, v: (B, Hkv, Skv, d)        BNSH cache after the chunk was appended, Skv = past_len + Sq
     sink: (Hq,) or None           per-head sink logit (natural-log units, unscaled)
+
+Ragged batches (docs/semantics.md, Ragged batches), for the entry points that pass
+``allow_ragged=True``: ``past_len`` may be an integer array of shape (B,) and ``q_len`` an
+integer array of shape (B,) (valid rows of each sequence, right-padded to Sq). Sequence b's
+row i sits at past_len[b] + i and reads only its own first past_len[b] + q_len[b] keys; the
+cache holds at least max_b(past_len[b] + q_len[b]) keys.
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ MAX_ELEMENTS = 2**34
 # attribute and the kernel ABI's ``window`` argument. Any W at least the sequence length is
 # plain causal attention, so the bound loses nothing.
 MAX_WINDOW = 2**31 - 1
+# A per-sequence length (past_len[b], q_len[b]) is an int32 wherever it leaves Python: ORT's
+# seqlens_k, FlashAttention's cache_seqlens / cu_seqlens, the kernel ABI's past_len.
+MAX_LENGTH = 2**31 - 1
 # The scale is multiplied into fp32 logits by every kernel and by the fp32 reference: it must
 # be a finite, normal float32, or the logits are inf / 0 for reasons that are not the kernel's.
 FP32_MAX = float(np.finfo(np.float32).max)
@@ -102,18 +111,26 @@ class Attn:
     Hq: int
     Hkv: int
     d: int
-    past_len: int
-    skv: int  # past_len + Sq: keys that exist
+    past_len: int | None  # the batch's one past_len; None for a ragged call (see past_lens)
+    skv: int  # past_len + Sq: keys that exist (ragged: the longest sequence's length)
     window: int  # -1 or W >= 1
     scale: float
     softcap: float
     sink: np.ndarray | None  # resolved per-head sink logits, float64 (Hq,), or None
     sink_mode: str  # "none" | "per_head" | "smooth"
+    past_lens: tuple[int, ...]  # per sequence (B,): past_len repeated when it is an int
+    q_lens: tuple[int, ...]  # valid query rows per sequence (B,): Sq each without q_len
+    ragged: bool  # past_len was an array or q_len was given
 
     @property
     def G(self) -> int:
         """Query heads per KV head."""
         return self.Hq // self.Hkv
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        """Keys of each sequence, ``past_lens[b] + q_lens[b]``: the slots it may read."""
+        return tuple(p + n for p, n in zip(self.past_lens, self.q_lens))
 
 
 def _is_int(x) -> bool:
@@ -137,23 +154,83 @@ def _check_array(name: str, a, rank: int, form: str) -> np.ndarray:
     return a
 
 
+def check_lengths(name: str, x, B: int) -> np.ndarray:
+    """A per-sequence length argument: a plain numpy.ndarray of an integer dtype and shape
+    ``(B,)``, every entry >= 0, returned as int64; else ValueError naming ``name``."""
+    form = f"an int or an integer numpy.ndarray of shape (B,) = ({B},)"
+    if name != "past_len":
+        form = f"an integer numpy.ndarray of shape (B,) = ({B},)"
+    if not isinstance(x, np.ndarray) or type(x) is not np.ndarray:
+        raise ValueError(f"{name}: expected {form}, got {type(x).__name__}")
+    if x.dtype == np.bool_ or not np.issubdtype(x.dtype, np.integer):
+        raise ValueError(f"{name}: expected an integer dtype, got {x.dtype}")
+    if x.shape != (B,):
+        raise ValueError(f"{name}: expected shape (B,) = ({B},) (one entry per sequence), "
+                         f"got {x.shape}")
+    if B == 0:
+        raise ValueError(f"{name}: expected at least one sequence, got shape {x.shape}")
+    if (x < 0).any():
+        b = int(np.flatnonzero(x < 0)[0])
+        raise ValueError(f"{name}: expected entries >= 0, got {int(x[b])} for sequence {b}")
+    if int(x.max()) > MAX_LENGTH:
+        b = int(np.argmax(x))
+        raise ValueError(f"{name}: expected entries of at most {MAX_LENGTH} (an int32, as every "
+                         f"kernel and ONNX Runtime carry it), got {int(x[b])} for sequence {b}")
+    return x.astype(np.int64)
+
+
+def _check_ragged(past_len, q_len, B: int, Sq: int, S_cap: int):
+    """Per-sequence ``past_len`` / ``q_len`` of a ragged call, as tuples of ints."""
+    if _is_int(past_len):
+        if int(past_len) < 0:
+            raise ValueError(f"past_len: expected an int >= 0, got {int(past_len)}")
+        pasts = [int(past_len)] * B
+    else:
+        pasts = check_lengths("past_len", past_len, B).tolist()
+    if q_len is None:
+        qs = [Sq] * B
+    else:
+        qs = check_lengths("q_len", q_len, B).tolist()
+        over = [b for b in range(B) if qs[b] > Sq]
+        if over:
+            raise ValueError(f"q_len: expected entries <= Sq = {Sq} (q holds Sq rows), got "
+                             f"{qs[over[0]]} for sequence {over[0]}")
+    for b in range(B):
+        if pasts[b] + qs[b] > S_cap:
+            raise ValueError(
+                f"past_len: k.shape[2]={S_cap} holds fewer than past_len[b] + q_len[b] = "
+                f"{pasts[b]} + {qs[b]} = {pasts[b] + qs[b]} keys for sequence b = {b}")
+    return tuple(pasts), tuple(qs)
+
+
 def check_attention_args(
     q,
     k,
     v,
     *,
     past_len,
+    q_len=None,
     window=-1,
     sink=None,
     smooth_softmax=False,
     softcap=0.0,
     scale=None,
     allow_cache_capacity: bool = False,
+    allow_ragged: bool = False,
 ) -> Attn:
     """Validate an attention call and resolve its options.
 
     With ``allow_cache_capacity`` the cache may be longer than ``past_len + Sq`` (a KV cache
     with spare capacity, as a kernel sees it); keys at ``j >= past_len + Sq`` are never read.
+
+    With ``allow_ragged`` (an entry point that computes per-sequence geometry), ``past_len``
+    may be an integer array of shape (B,) and ``q_len`` an integer array of shape (B,),
+    ``0 <= q_len[b] <= Sq``. Such a ragged call always allows cache capacity: the cache needs
+    ``k.shape[2] >= past_len[b] + q_len[b]`` for every b, and sequence b never reads a slot
+    at or past its own length, so ``allow_cache_capacity`` changes nothing for it. Without
+    ``allow_ragged`` an array ``past_len`` or a ``q_len`` is refused, naming the argument, so
+    that an entry point that only knows one past_len never computes a ragged call wrongly.
+    A scalar ``past_len`` without ``q_len`` is the uniform call, checked as before.
     """
     q = _check_array("q", q, 4, "(B, Sq, Hq, d)")
     k = _check_array("k", k, 4, "(B, Hkv, past_len + Sq, d)")
@@ -168,21 +245,31 @@ def check_attention_args(
         raise ValueError(f"k: head dim k.shape[3]={dk} does not match q.shape[3]={d}")
     if Hq % Hkv != 0:
         raise ValueError(f"k: Hq={Hq} query heads is not a multiple of Hkv={Hkv} KV heads")
-    if not _is_int(past_len):
+    ragged = q_len is not None or isinstance(past_len, np.ndarray)
+    if ragged and not allow_ragged:
+        if q_len is not None:
+            raise ValueError(f"q_len: this entry point takes no per-sequence q_len (every row "
+                             f"of q is valid), got {type(q_len).__name__}")
+        raise ValueError(f"past_len: expected an int >= 0 (this entry point takes one past_len "
+                         f"for the whole batch), got an array of shape {past_len.shape}")
+    if ragged:
+        past_lens, q_lens = _check_ragged(past_len, q_len, B, Sq, S_cap)
+        past_len, skv = None, max(p + n for p, n in zip(past_lens, q_lens))
+    elif not _is_int(past_len):
         raise ValueError(f"past_len: expected an int >= 0, got {past_len!r}")
-    past_len = int(past_len)
-    if past_len < 0:
-        raise ValueError(f"past_len: expected an int >= 0, got {past_len}")
-    skv = past_len + Sq
-    if allow_cache_capacity:
-        if S_cap < skv:
-            raise ValueError(
-                f"past_len: k.shape[2]={S_cap} holds fewer than past_len + Sq = {past_len} + {Sq} = {skv} keys"
-            )
-    elif S_cap != skv:
-        raise ValueError(
-            f"past_len: k.shape[2]={S_cap} must equal past_len + Sq = {past_len} + {Sq} = {skv}"
-        )
+    else:
+        past_len = int(past_len)
+        if past_len < 0:
+            raise ValueError(f"past_len: expected an int >= 0, got {past_len}")
+        skv = past_len + Sq
+        past_lens, q_lens = (past_len,) * B, (Sq,) * B
+        if allow_cache_capacity:
+            if S_cap < skv:
+                raise ValueError(f"past_len: k.shape[2]={S_cap} holds fewer than past_len + Sq = "
+                                 f"{past_len} + {Sq} = {skv} keys")
+        elif S_cap != skv:
+            raise ValueError(f"past_len: k.shape[2]={S_cap} must equal past_len + Sq = "
+                             f"{past_len} + {Sq} = {skv}")
     if not _is_int(window):
         raise ValueError(f"window: expected an int, -1 (none) or >= 1, got {window!r}")
     window = int(window)
@@ -244,6 +331,7 @@ def check_attention_args(
     return Attn(
         B=B, Sq=Sq, Hq=Hq, Hkv=Hkv, d=d, past_len=past_len, skv=skv, window=window,
         scale=scale, softcap=softcap, sink=resolved, sink_mode=mode,
+        past_lens=past_lens, q_lens=q_lens, ragged=ragged,
     )
 
 

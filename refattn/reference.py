@@ -13,6 +13,13 @@ The sink term is present only when a sink is given (``smooth_softmax`` alone mea
 sigma_h = 0; a given sink wins over it). A row with no visible key outputs 0 (the causal
 rule always shows a row itself, so this only matters to callers that build their own masks).
 
+Ragged batches (docs/semantics.md, Ragged batches): ``past_len`` may be an integer array of
+shape (B,) and ``q_len`` an integer array of shape (B,). Sequence b is then computed exactly
+as the uniform call on its own: rows ``[0, q_len[b])`` at positions ``past_len[b] + i`` over
+keys ``[0, past_len[b] + q_len[b])`` of ``k[b]``, with the blocks and band of that call;
+rows ``i >= q_len[b]`` are exact zeros, and no slot at or past the sequence's own length is
+read.
+
 How it is computed: blocked over query rows, batched over the G query heads that share a
 KV head, one BLAS GEMM for the scores and one for P.V per block. A block of rows
 [i0, i1) only touches keys [lo, hi) with hi = p(i1 - 1) + 1 and, under a window,
@@ -71,25 +78,33 @@ def visible(p, j, window: int):
     return causal if window < 0 else causal & (j >= p - window + 1)
 
 
-def attention(q, k, v, *, past_len, window=-1, sink=None, smooth_softmax=False, softcap=0.0,
-              scale=None, dtype=np.float32) -> np.ndarray:
+def attention(q, k, v, *, past_len, q_len=None, window=-1, sink=None, smooth_softmax=False,
+              softcap=0.0, scale=None, dtype=np.float32) -> np.ndarray:
     """GQA attention. ``q: (B, Sq, Hq, d)``, ``k, v: (B, Hkv, past_len + Sq, d)``,
     ``sink: (Hq,)`` or None. Returns ``(B, Sq, Hq, d)`` in ``dtype`` (float32 computes in
-    fp32, float64 in fp64)."""
+    fp32, float64 in fp64).
+
+    Ragged: ``past_len`` an integer array ``(B,)`` and/or ``q_len`` an integer array ``(B,)``
+    (valid rows per sequence, right-padded to Sq; default all Sq); ``k, v`` then hold at least
+    ``max_b(past_len[b] + q_len[b])`` keys, and padded rows are 0."""
     dt = check_dtype(dtype)
-    a = check_attention_args(q, k, v, past_len=past_len, window=window, sink=sink,
-                             smooth_softmax=smooth_softmax, softcap=softcap, scale=scale)
+    a = check_attention_args(q, k, v, past_len=past_len, q_len=q_len, window=window, sink=sink,
+                             smooth_softmax=smooth_softmax, softcap=softcap, scale=scale,
+                             allow_ragged=True)
     out, _ = _attention(a, q, k, v, dt, with_baseline=False)
     return out
 
 
-def attention_with_baseline(q, k, v, *, past_len, window=-1, sink=None, smooth_softmax=False,
-                            softcap=0.0, scale=None) -> tuple[np.ndarray, np.ndarray]:
+def attention_with_baseline(q, k, v, *, past_len, q_len=None, window=-1, sink=None,
+                            smooth_softmax=False, softcap=0.0,
+                            scale=None) -> tuple[np.ndarray, np.ndarray]:
     """The fp64 reference and, from the same scores, the low-precision baseline of the
     tolerance model (docs/semantics.md): P = e^(s - m) rounded to fp16 before P.V, the denominator
-    from unrounded P, and the output rounded to fp16 (returned as float64)."""
-    a = check_attention_args(q, k, v, past_len=past_len, window=window, sink=sink,
-                             smooth_softmax=smooth_softmax, softcap=softcap, scale=scale)
+    from unrounded P, and the output rounded to fp16 (returned as float64). Ragged arguments
+    as in :func:`attention`; padded rows are 0 in both."""
+    a = check_attention_args(q, k, v, past_len=past_len, q_len=q_len, window=window, sink=sink,
+                             smooth_softmax=smooth_softmax, softcap=softcap, scale=scale,
+                             allow_ragged=True)
     return _attention(a, q, k, v, np.dtype(np.float64), with_baseline=True)
 
 
@@ -110,29 +125,39 @@ def _rows_per_block(G: int, n_keys: int, itemsize: int, window: int) -> int:
 def _attention(a: Attn, q, k, v, dt: np.dtype, with_baseline: bool):
     B, Sq, Hq, d, G = a.B, a.Sq, a.Hq, a.d, a.G
     W = a.window
-    band = a.skv if W < 0 else min(a.skv, W + _MAX_ROWS)
-    rows = _rows_per_block(G, band, dt.itemsize, W)
     out = np.zeros((B, Sq, Hq, d), dtype=dt)
     base = np.zeros((B, Sq, Hq, d), dtype=np.float64) if with_baseline else None
     sink = None if a.sink is None else a.sink.astype(dt)
-    # Keys any row of the chunk can see: [k_lo, skv).
-    k_lo = 0 if W < 0 else max(0, a.past_len - W + 1)
-    blocks = [(i0, min(Sq, i0 + rows)) for i0 in range(0, Sq, rows)]
+
+    def geometry(past: int, n: int) -> tuple[int, int, list[tuple[int, int]]]:
+        """A sequence of n rows at past + i: its key band [k_lo, skv) (keys any of its rows
+        can see) and its row blocks, as the uniform call of that geometry has them."""
+        skv = past + n
+        band = skv if W < 0 else min(skv, W + _MAX_ROWS)
+        rows = _rows_per_block(G, band, dt.itemsize, W)
+        k_lo = 0 if W < 0 else max(0, past - W + 1)
+        return k_lo, skv, [(i0, min(n, i0 + rows)) for i0 in range(0, n, rows)]
+
+    # A uniform call has one geometry; a ragged one, one per sequence (identical sequences
+    # share it). A sequence with q_len = 0 has no blocks and leaves its rows 0.
+    geo = {g: geometry(*g) for g in set(zip(a.past_lens, a.q_lens))}
 
     def head(b: int, h: int) -> None:
+        past, n = a.past_lens[b], a.q_lens[b]
+        k_lo, skv, blocks = geo[past, n]
         heads = slice(h * G, (h + 1) * G)
         # scale folded into q: s = (scale q) . k, one pass fewer over the scores
-        qh = q[b, :, heads, :].transpose(1, 0, 2).astype(dt) * dt.type(a.scale)  # (G, Sq, d)
-        kh = np.asarray(k[b, h, k_lo:], dtype=dt)  # (skv - k_lo, d)
-        vh = np.asarray(v[b, h, k_lo:], dtype=dt)
+        qh = q[b, :n, heads, :].transpose(1, 0, 2).astype(dt) * dt.type(a.scale)  # (G, n, d)
+        kh = np.asarray(k[b, h, k_lo:skv], dtype=dt)  # (skv - k_lo, d)
+        vh = np.asarray(v[b, h, k_lo:skv], dtype=dt)
         sg = None if sink is None else sink[heads]
         for i0, i1 in blocks:
-            o, ob = _block(a, qh[:, i0:i1], kh, vh, k_lo, sg, i0, i1, dt, with_baseline)
+            o, ob = _block(a, past, qh[:, i0:i1], kh, vh, k_lo, sg, i0, i1, dt, with_baseline)
             out[b, i0:i1, heads, :] = o.transpose(1, 0, 2)
             if with_baseline:
                 base[b, i0:i1, heads, :] = ob.transpose(1, 0, 2)
 
-    jobs = [(b, h) for b in range(B) for h in range(a.Hkv)]
+    jobs = [(b, h) for b in range(B) if a.q_lens[b] > 0 for h in range(a.Hkv)]
     # NumPy's ufuncs and BLAS release the GIL: heads run in parallel on the available cores.
     # BLAS is held to one thread meanwhile: its own threading on these mid-sized GEMMs costs
     # more than it gains (measured 15x slower on a loaded 2-core machine).
@@ -237,9 +262,10 @@ def _softmax_in_place(s, sink):
     return m, empty, np.where(l > 0, l, 1)
 
 
-def _block(a: Attn, qb, kh, vh, k_lo: int, sink, i0: int, i1: int, dt, with_baseline: bool):
-    """Rows [i0, i1) of the G heads in ``qb: (G, rows, d)`` (already scaled) against their
-    key band. ``kh, vh`` hold keys [k_lo, skv).
+def _block(a: Attn, past: int, qb, kh, vh, k_lo: int, sink, i0: int, i1: int, dt,
+           with_baseline: bool):
+    """Rows [i0, i1) of the G heads in ``qb: (G, rows, d)`` (already scaled), at positions
+    ``past + i``, against their key band. ``kh, vh`` hold keys [k_lo, skv) of the sequence.
 
     The baseline (``with_baseline``) rounds P to fp16 before P.V and the output to fp16. Where
     a row's max logit exceeds :data:`FP32_LOGITS_ABOVE` in magnitude, the block's logits are
@@ -247,7 +273,7 @@ def _block(a: Attn, qb, kh, vh, k_lo: int, sink, i0: int, i1: int, dt, with_base
     fp32 too): what an fp32-accumulating kernel can resolve there (docs/semantics.md,
     Coverage model)."""
     W = a.window
-    p0, p1 = a.past_len + i0, a.past_len + i1 - 1  # first and last absolute positions
+    p0, p1 = past + i0, past + i1 - 1  # first and last absolute positions
     lo = 0 if W < 0 else max(0, p0 - W + 1)
     hi = p1 + 1
     kb = kh[lo - k_lo:hi - k_lo]
