@@ -30,7 +30,8 @@ build-check: venv
 ## build/), install it (with the test extra, not editable) into a fresh venv, and from an empty
 ## directory outside the tree, where the tree is not importable, check what a user gets: the
 ## suites as package data, `refattn run` on a registered kernel, on a kernel named by file
-## path, and over 2 pytest-xdist workers, and the pytest plugin. WHEEL_CHECK_DIR keeps it all
+## path, and over 2 pytest-xdist workers, the fuzzer over 2 simulated devices, and the pytest
+## plugin. WHEEL_CHECK_DIR keeps it all
 ## (default: a temporary directory, removed after).
 WHEEL_CASES  := -k gptoss-sink-past0 -k gptoss-smooth-past0 -k gptoss-nosink-past0-w128
 WHEEL_KERNEL := $(CURDIR)/examples/numpy_kernel.py:NumpyKernel
@@ -67,13 +68,15 @@ wheel-check: venv
 	"$$d/venv/bin/refattn" run --kernel "$(WHEEL_KERNEL)" --suite seed $(WHEEL_CASES) -q; \
 	echo "== refattn run --kernel reference --gpus 2 (two simulated devices)"; \
 	CUDA_VISIBLE_DEVICES=0,1 "$$d/venv/bin/refattn" run --kernel reference --suite seed $(WHEEL_CASES) --gpus 2 -q; \
+	echo "== refattn fuzz --kernel reference --gpus 2 (two simulated devices)"; \
+	CUDA_VISIBLE_DEVICES=0,1 "$$d/venv/bin/refattn" fuzz --kernel reference --examples 20 --max-cost 65536 --gpus 2 -q; \
 	echo "== pytest -p refattn.pytest_plugin --refattn-kernel $(WHEEL_KERNEL) --refattn-suite contracts"; \
 	"$$py" -m pytest -p refattn.pytest_plugin -p no:cacheprovider -q -rs \
 	  --refattn-kernel "$(WHEEL_KERNEL)" --refattn-suite contracts; \
 	echo "wheel-check: OK in $$((SECONDS - t0)) s"
 
 mutants: venv
-	$(BIN)/refattn mutants --kernel model --suite seed --suite extended
+	$(BIN)/refattn mutants --kernel model --suite seed --suite extended --suite coverage
 
 report: venv
 	$(BIN)/refattn report --check

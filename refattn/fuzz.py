@@ -38,18 +38,47 @@ The search is ``hypothesis.find``: the first failing case is shrunk by hypothesi
 integers, earlier values of each axis) while it keeps failing. The minimal case is printed
 as a ``[[case]]`` table to paste into a case file and as a ``refattn run --case ...``
 command that reproduces it, and both go to the JSON. ``--seed`` makes the draw
-reproducible (no example database is read or written).
+reproducible (no example database is read or written, and hypothesis's constants taken from
+the modules a process has loaded are left out: the same seed draws the same cases from a
+source tree, from a wheel, in a test process and in a worker of ``--gpus``).
 
 Limits: ``--examples`` cases at most, ``--max-seconds`` for the search and
 ``--shrink-seconds`` for the shrinking; the JSON says which limit ended the run.
+
+Several GPUs
+============
+
+``--gpus N`` (N > 1) runs N worker processes, each pinned to a device of its own exactly as
+``refattn run --gpus`` pins its pytest-xdist workers (:func:`refattn.sharding.visible_devices`
+finds the devices, :func:`refattn.sharding.worker_environment` pins worker ``i`` to the
+``i``-th: ``CUDA_VISIBLE_DEVICES`` or ``HIP_VISIBLE_DEVICES``, ``HIPKERNEL_DEVICE=0`` and its
+share of the CPUs in ``$REFATTN_THREADS``). N more than the devices visible is a usage error,
+for a CPU kernel too (its workers are pinned to the devices the environment names, so
+``CUDA_VISIBLE_DEVICES=0,1`` or ``$REFATTN_FAKE_GPUS`` simulate two). Worker ``i`` of ``N``
+fuzzes its share (:func:`plan_shares`): ``E // N`` of the ``E`` examples, one more for each of
+the first ``E % N`` workers, drawn with the seed ``S * N + i`` (:func:`worker_seed`; ``S`` is
+``--seed``), so worker ``i`` draws exactly what ``refattn fuzz --seed S*N+i --examples E_i``
+draws on one device. A worker stops at its own first failure and shrinks it; the others run
+their shares to the end, so the run does not depend on which worker finishes first. The
+parent merges the workers' documents (:func:`merge_workers`): the examples summed, the
+failure of the lowest-numbered failing worker with its minimal case, and a ``workers`` list
+(device, seed, examples, elapsed time, ok, and the cases drawn with their verdicts, the same
+list :func:`share_cases` gives for a share run in one process). ``--gpus 1`` is the plain run.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import random
+import subprocess
 import sys
+import tempfile
+import threading
 import time
+from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -202,10 +231,36 @@ class FuzzRun:
     minimal_result: object = None
     elapsed_s: float = 0.0
     axes: dict = field(default_factory=dict)
+    cases: list = field(default_factory=list)  # case_record() of each example of the search
 
     @property
     def ok(self) -> bool:
         return self.minimal is None
+
+
+@contextmanager
+def _no_local_constants():
+    """Draw without hypothesis's pool of "local constants": hypothesis mixes into drawn
+    integers the literals of every module loaded from outside site-packages, so one seed drew
+    different cases in a source tree and from a wheel, or in a process that had imported
+    other modules (a test run, a worker of ``--gpus``). With the pool empty a seed's cases
+    depend on the seed and the kernel's axes alone; hypothesis's built-in constants stay."""
+    try:
+        from hypothesis.internal.conjecture import providers
+        from hypothesis.internal.constants_ast import Constants
+
+        get, cache = providers._get_local_constants, providers.CONSTANTS_CACHE
+    except (ImportError, AttributeError):  # a hypothesis without the pool
+        yield
+        return
+    empty = Constants()
+    providers._get_local_constants = lambda: empty
+    cache.cache.clear()  # values cached with the pool
+    try:
+        yield
+    finally:
+        providers._get_local_constants = get
+        cache.cache.clear()
 
 
 def fuzz(kernel, *, examples: int = DEFAULT_EXAMPLES, seed: int = 0, max_seconds: float | None = None,
@@ -248,6 +303,7 @@ def fuzz(kernel, *, examples: int = DEFAULT_EXAMPLES, seed: int = 0, max_seconds
         bad = not r.acceptable
         if shrink_t0[0] is None:
             run.examples += 1
+            run.cases.append(case_record(case, r))
             if bad:
                 shrink_t0[0] = time.perf_counter()
                 run.first = r
@@ -263,7 +319,9 @@ def fuzz(kernel, *, examples: int = DEFAULT_EXAMPLES, seed: int = 0, max_seconds
     conf = settings(max_examples=examples, deadline=None, database=None, verbosity=Verbosity.quiet,
                     suppress_health_check=list(HealthCheck))
     try:
-        found = find(case_strategy(axes, max_cost), fails, settings=conf, random=random.Random(seed))
+        with _no_local_constants():
+            found = find(case_strategy(axes, max_cost), fails, settings=conf,
+                         random=random.Random(seed))
     except (NoSuchExample, Unsatisfiable):
         found = None
     run.elapsed_s = time.perf_counter() - t0
@@ -271,6 +329,12 @@ def fuzz(kernel, *, examples: int = DEFAULT_EXAMPLES, seed: int = 0, max_seconds
         run.minimal = found
         run.minimal_result = failing.get(found) or run_case(kernel, found, cache=cache, input_cache=inputs)
     return run
+
+
+def case_record(case: Case, result) -> dict:
+    """One drawn case as the JSON of a sharded run lists it: its description, its input seed
+    (the two name the case) and its verdict."""
+    return {"case": case.describe(), "seed": int(case.seed), "outcome": result.outcome}
 
 
 # --------------------------------------------------------------------------- output
@@ -324,9 +388,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="draw none of the input modes (a logit offset, a q spike, NaN / +-inf "
                         "in the cache slots left of every window): unit N(0,1) inputs only")
     p.add_argument("--json", metavar="PATH", help="write the run (and the minimal failing case) as JSON")
+    p.add_argument("--gpus", metavar="N", type=_count_of("GPU", "GPUs"), default=1,
+                   help="fuzz in N worker processes, each pinned to a visible device of its own "
+                        "as refattn run --gpus pins its workers; worker i of N draws its share of "
+                        "--examples with seed S*N+i (S = --seed) and shrinks its own first "
+                        "failure; the JSON adds a workers list. Default 1: in-process")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     p.epilog = ("examples:\n  refattn fuzz --kernel model --examples 300\n"
-                "  refattn fuzz --kernel examples/numpy_kernel.py:NumpyKernel --max-seconds 120 --json fuzz.json\n\n"
+                "  refattn fuzz --kernel examples/numpy_kernel.py:NumpyKernel --max-seconds 120 --json fuzz.json\n"
+                "  refattn fuzz --kernel hipkernel --examples 2000 --gpus 2  # a worker per GPU\n\n"
                 "On a failure it prints the minimal failing case as a [[case]] table and a\n"
                 "`refattn run --case ...` command that reproduces it.\n\n"
                 "exit status: 0 no failing case found, 1 a failing case found (or the JSON could not "
@@ -370,6 +440,8 @@ def run(args) -> int:
 
     check_outputs(args, ("json",))
     kernel = get_kernel(args.kernel)
+    if getattr(args, "gpus", 1) > 1:  # each worker checks the kernel on its own device
+        return _run_sharded(args, kernel)
     ok, reason = kernel_available(kernel)
     if not ok:
         raise UsageError(f"kernel: {args.kernel!r} is not available here: {reason}")
@@ -398,4 +470,315 @@ def run(args) -> int:
     out.print(result.minimal_result.failure_message() + "\n", markup=False, highlight=False)
     out.print("paste into a case file:\n\n" + m["toml"], markup=False, highlight=False)
     out.print("reproduce:\n\n  " + m["command"], markup=False, highlight=False)
+    return EXIT_FAIL
+
+
+# --------------------------------------------------------------------------- several GPUs
+
+# What a worker process runs: the JSON of its spec is its one argument (see worker_main).
+WORKER_CODE = ("import sys; from refattn.fuzz import worker_main; "
+               "sys.exit(worker_main(sys.argv[1:]))")
+WORKER_TAIL_LINES = 40  # of a worker's output, kept for the message when it fails to finish
+
+
+@dataclass(frozen=True)
+class Share:
+    """What worker ``index`` of a sharded run fuzzes: up to ``examples`` cases drawn with
+    ``seed``, the same draw as ``refattn fuzz --seed SEED --examples EXAMPLES`` on one device."""
+
+    index: int
+    seed: int
+    examples: int
+
+
+def worker_seed(seed: int, index: int, workers: int) -> int:
+    """The seed worker ``index`` of ``workers`` draws with under ``--seed seed``:
+    ``seed * workers + index``. One worker keeps ``seed``; the workers of one run draw with
+    distinct seeds, and at one worker count no two base seeds share a worker seed (over two
+    workers ``--seed 0`` draws with 0 and 1, ``--seed 1`` with 2 and 3)."""
+    if not 0 <= index < workers:
+        raise ValueError(f"index: expected 0 <= index < {workers}, got {index}")
+    return seed * workers + index
+
+
+def split_examples(examples: int, workers: int) -> list[int]:
+    """``examples`` over ``workers``: ``examples // workers`` each and one more for each of the
+    first ``examples % workers`` (10 over 4: 3, 3, 2, 2)."""
+    if workers < 1:
+        raise ValueError(f"workers: expected at least 1, got {workers}")
+    q, r = divmod(examples, workers)
+    return [q + (i < r) for i in range(workers)]
+
+
+def plan_shares(seed: int, examples: int, workers: int) -> list[Share]:
+    """The :class:`Share` of each worker (:func:`worker_seed`, :func:`split_examples`). Every
+    worker draws at least one example: ``examples < workers`` is a ValueError."""
+    if examples < workers:
+        raise ValueError(f"--examples {examples}: fewer than --gpus {workers}; each worker draws "
+                         f"at least one example")
+    return [Share(i, worker_seed(seed, i, workers), n)
+            for i, n in enumerate(split_examples(examples, workers))]
+
+
+def share_cases(kernel, share: Share, **options) -> list[dict]:
+    """The cases ``share`` draws, each with its verdict (:func:`case_record`), fuzzed in this
+    process: what its worker lists in a sharded run's JSON. ``options`` go to :func:`fuzz`
+    (``max_cost``, ``input_modes``, ...)."""
+    return fuzz(kernel, examples=share.examples, seed=share.seed, **options).cases
+
+
+def _worker_entry(w: dict) -> dict:
+    r = w["run"]
+    m = r.get("minimal")
+    return {"index": w["index"], "device": w.get("device"), "var": w.get("var"),
+            "threads": w.get("threads"), "seed": w["seed"], "max_examples": w["max_examples"],
+            "examples": r["examples"], "shrink_steps": r["shrink_steps"],
+            "declined_draws": r["declined_draws"], "stopped": r["stopped"],
+            "elapsed_s": r["elapsed_s"], "ok": r["ok"],
+            "minimal": None if m is None else {"describe": m["describe"], "command": m["command"]},
+            "cases": w.get("cases", [])}
+
+
+def failing_worker(workers: list[dict]) -> dict | None:
+    """The worker whose failure a sharded run reports: the lowest-numbered one that failed
+    (never the first to finish, which depends on timing); None when all passed."""
+    failed = [w for w in workers if not w["run"]["ok"]]
+    return min(failed, key=lambda w: w["index"]) if failed else None
+
+
+def merge_workers(workers: list[dict], kernel_spec: str, seed: int, *, elapsed_s: float,
+                  source_hash: str | None) -> dict:
+    """One ``refattn fuzz --json`` document from the workers' documents (as
+    :func:`worker_main` writes them, in any order): the schema of a one-device run (examples,
+    declined draws summed; the minimal case, shrink steps and limit of :func:`failing_worker`)
+    plus ``workers``, one entry per worker in index order."""
+    workers = sorted(workers, key=lambda w: w["index"])
+    runs = [w["run"] for w in workers]
+    chosen = failing_worker(workers)
+    if chosen is not None:
+        stopped = chosen["run"]["stopped"]
+    else:
+        stopped = "time" if any(r["stopped"] == "time" for r in runs) else "examples"
+    return {"schema": SCHEMA, "kind": "fuzz", "kernel": runs[0]["kernel"],
+            "kernel_spec": kernel_spec, "kernel_source_hash": source_hash, "ok": chosen is None,
+            "seed": seed, "examples": sum(r["examples"] for r in runs),
+            "shrink_steps": 0 if chosen is None else chosen["run"]["shrink_steps"],
+            "declined_draws": sum(r["declined_draws"] for r in runs), "stopped": stopped,
+            "elapsed_s": round(elapsed_s, 3), "axes": runs[0]["axes"],
+            "minimal": None if chosen is None else chosen["run"]["minimal"],
+            "workers": [_worker_entry(w) for w in workers]}
+
+
+def worker_main(argv: list[str]) -> int:
+    """A worker process of ``refattn fuzz --gpus``, started with its environment already pinned
+    (:func:`refattn.sharding.worker_environment`). ``argv[0]`` is the JSON of its spec: the
+    kernel, its :class:`Share`, the fuzz options, and the file to write its document to (the
+    one-device JSON under ``run``, where it ran, the cases it drew). Progress and errors go
+    to stderr. Exit status: 0 no failure, 1 a failure found and shrunk, 2 the kernel cannot
+    run here or the options are refused."""
+    from refattn.kernels import KernelError, get_kernel, kernel_available, kernel_source_hash
+    from refattn.reference import THREADS_ENV
+
+    spec = json.loads(argv[0])
+    var = spec.get("var")
+    device = os.environ.get(var) if var else None
+    where = f"worker {spec['index']}" + (f" ({var}={device})" if var else "")
+    try:
+        kernel = get_kernel(spec["kernel_spec"])
+    except KernelError as e:
+        print(f"{e} (on {where})", file=sys.stderr, flush=True)
+        return 2
+    ok, reason = kernel_available(kernel)
+    if not ok:
+        print(f"kernel: {spec['kernel_spec']!r} is not available on {where}: {reason}",
+              file=sys.stderr, flush=True)
+        return 2
+    try:
+        run = fuzz(kernel, examples=spec["examples"], seed=spec["seed"],
+                   max_seconds=spec.get("max_seconds"), shrink_seconds=spec["shrink_seconds"],
+                   max_cost=spec["max_cost"], progress=_progress(bool(spec.get("quiet"))),
+                   input_modes=tuple(spec["input_modes"]))
+    except (ValueError, CaseError) as e:
+        print(str(e), file=sys.stderr, flush=True)
+        return 2
+    doc = {"index": spec["index"], "device": device, "var": var,
+           "threads": os.environ.get(THREADS_ENV), "seed": spec["seed"],
+           "max_examples": spec["examples"],
+           "run": to_json(run, spec["kernel_spec"], kernel_source_hash(kernel)),
+           "cases": run.cases,
+           "failure_message": None if run.ok else run.minimal_result.failure_message()}
+    out = Path(spec["out"])
+    tmp = out.with_name(out.name + ".part")
+    tmp.write_text(json.dumps(doc), encoding="utf-8")
+    tmp.replace(out)
+    return 0 if run.ok else 1
+
+
+@dataclass
+class _Worker:
+    share: Share
+    device: str | None
+    proc: subprocess.Popen
+    out: Path
+    tail: deque
+    relay: threading.Thread
+
+
+def _start_worker(share: Share, workers: int, devices, tmp: Path, spec: dict, quiet: bool,
+                  log) -> _Worker:
+    from refattn.sharding import worker_environment
+
+    env, dev = worker_environment(share.index, workers, devices, tmp)
+    out = tmp / f"worker{share.index}.json"
+    full = {**spec, "index": share.index, "seed": share.seed, "examples": share.examples,
+            "var": devices.var, "out": str(out), "quiet": quiet}
+    proc = subprocess.Popen([sys.executable, "-c", WORKER_CODE, json.dumps(full)], env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, errors="replace")
+    tail: deque = deque(maxlen=WORKER_TAIL_LINES)
+
+    def relay() -> None:
+        for line in proc.stdout:
+            tail.append(line.rstrip("\n"))
+            if not quiet:
+                log(f"[worker {share.index}] {line.rstrip()}")
+
+    t = threading.Thread(target=relay, daemon=True)
+    t.start()
+    return _Worker(share, dev, proc, out, tail, t)
+
+
+def _stop(workers: list[_Worker]) -> None:
+    for w in workers:
+        if w.proc.poll() is None:
+            w.proc.terminate()
+    for w in workers:
+        try:
+            w.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            w.proc.kill()
+            w.proc.wait()
+
+
+def run_workers(kernel_spec: str, shares: list[Share], devices, *, spec: dict,
+                quiet: bool = False, log=None, poll_s: float = 0.1) -> list[dict]:
+    """Run one worker process per share, worker ``i`` pinned to device ``i`` of ``devices``,
+    relaying their progress lines to ``log`` (``[worker i] ...``), and return their documents
+    in index order. ``spec``: the options of :func:`fuzz` as :func:`worker_main` reads them.
+    Raises :class:`refattn.sharding.ShardError` when a worker cannot run the kernel (its
+    message) or ends without a document (its exit status and last lines); the other workers
+    are stopped then."""
+    from refattn.sharding import ShardError
+
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    spec = {**spec, "kernel_spec": kernel_spec}
+    with tempfile.TemporaryDirectory(prefix="refattn-fuzz-") as tmp:
+        started: list[_Worker] = []
+        docs: dict[int, dict] = {}
+        try:
+            for sh in shares:
+                started.append(_start_worker(sh, len(shares), devices, Path(tmp), spec, quiet,
+                                             log))
+                if not quiet:
+                    pin = f"{devices.var}={started[-1].device}" if devices.var else "not pinned"
+                    log(f"fuzz: worker {sh.index}: {pin}, seed {sh.seed}, "
+                        f"up to {sh.examples} examples")
+            pending = list(started)
+            while pending:
+                for w in list(pending):
+                    rc = w.proc.poll()
+                    if rc is None:
+                        continue
+                    pending.remove(w)
+                    w.relay.join(timeout=5)
+                    if rc in (0, 1) and w.out.is_file():
+                        docs[w.share.index] = json.loads(w.out.read_text(encoding="utf-8"))
+                        if not quiet:
+                            log(_done_line(docs[w.share.index]))
+                        continue
+                    _stop(pending)
+                    last = "\n".join(w.tail)
+                    if rc == 2 and w.tail:  # the worker's own message (worker_main)
+                        raise ShardError(last.strip())
+                    raise ShardError(f"--gpus: worker {w.share.index} exited with status {rc} "
+                                     f"and no result\n--- its output (tail) ---\n{last}")
+                if pending:
+                    time.sleep(poll_s)
+        except BaseException:
+            _stop(started)
+            raise
+    return [docs[sh.index] for sh in shares]
+
+
+def _done_line(doc: dict) -> str:
+    r = doc["run"]
+    what = ("none failing" if r["ok"] else
+            f"example {r['examples']} failed, shrunk in {r['shrink_steps']} steps to "
+            f"{r['minimal']['describe']}")
+    return (f"fuzz: worker {doc['index']} done: {r['examples']} examples, {what}, in "
+            f"{r['elapsed_s']:.1f} s")
+
+
+def _share_command(args, share: Share) -> str:
+    """``refattn fuzz`` on one device that draws what ``share``'s worker drew."""
+    extra = "" if args.max_cost == DEFAULT_MAX_COST else f" --max-cost {args.max_cost}"
+    extra += " --clean-inputs" if args.clean_inputs else ""
+    return (f"refattn fuzz --kernel {args.kernel} --seed {share.seed} "
+            f"--examples {share.examples}{extra}")
+
+
+def _run_sharded(args, kernel) -> int:
+    """``refattn fuzz --gpus N`` (module docstring, Several GPUs)."""
+    from refattn import sharding
+    from refattn.cli import EXIT_FAIL, EXIT_OK, UsageError, _console, write_outputs
+    from refattn.fileio import json_text
+    from refattn.kernels import kernel_source_hash
+
+    devices = sharding.visible_devices()
+    try:
+        sharding.require_devices(args.gpus, devices)
+        shares = plan_shares(args.seed, args.examples, args.gpus)
+    except (sharding.ShardError, ValueError) as e:
+        raise UsageError(str(e)) from None
+    name = getattr(kernel, "name", args.kernel)
+    if not args.quiet:
+        print(f"fuzz: kernel {name}, up to {args.examples} examples on {args.gpus} workers, "
+              f"seed {args.seed}; {len(devices)} device(s) visible ({devices.source})",
+              file=sys.stderr, flush=True)
+    spec = {"max_seconds": args.max_seconds, "shrink_seconds": args.shrink_seconds,
+            "max_cost": args.max_cost,
+            "input_modes": [] if args.clean_inputs else list(DEFAULT_INPUT_MODES)}
+    t0 = time.perf_counter()
+    try:
+        workers = run_workers(args.kernel, shares, devices, spec=spec, quiet=args.quiet)
+    except sharding.ShardError as e:
+        raise UsageError(str(e)) from None
+    doc = merge_workers(workers, args.kernel, args.seed, elapsed_s=time.perf_counter() - t0,
+                        source_hash=kernel_source_hash(kernel))
+    written = write_outputs(json_text(doc), [Path(args.json)] if args.json else [], "fuzz")
+    out = _console()
+    limit = {"examples": "", "time": f" (stopped at --max-seconds {args.max_seconds})",
+             "shrink time": f" (shrinking stopped at --shrink-seconds {args.shrink_seconds:g})"
+             }[doc["stopped"]]
+    if doc["ok"]:
+        out.print(f"OK: kernel {doc['kernel']}: {doc['examples']} examples over {args.gpus} "
+                  f"workers, none failing, in {doc['elapsed_s']:.1f} s{limit}", markup=False)
+        return EXIT_OK if written else EXIT_FAIL
+    w = failing_worker(workers)
+    pin = f"{w['var']}={w['device']}, " if w.get("var") else ""
+    m = doc["minimal"]
+    out.print(f"FAILED: kernel {doc['kernel']}: worker {w['index']} ({pin}seed {w['seed']}): "
+              f"example {w['run']['examples']} of its share failed; shrunk in "
+              f"{doc['shrink_steps']} steps to {m['describe']}{limit} ({doc['examples']} "
+              f"examples over {args.gpus} workers)\n", markup=False)
+    others = [x["index"] for x in workers if not x["run"]["ok"] and x is not w]
+    if others:
+        out.print(f"workers {', '.join(map(str, others))} failed too: their minimal cases are "
+                  f"in the JSON's workers list\n", markup=False)
+    out.print((w.get("failure_message") or "") + "\n", markup=False, highlight=False)
+    out.print("paste into a case file:\n\n" + m["toml"], markup=False, highlight=False)
+    out.print("reproduce:\n\n  " + m["command"], markup=False, highlight=False)
+    share = shares[w["index"]]
+    out.print("\nthe worker's search alone, on one device:\n\n  " + _share_command(args, share),
+              markup=False, highlight=False)
     return EXIT_FAIL

@@ -21,7 +21,11 @@ This module holds the pure logic, importable without pytest or any GPU package:
   :func:`pin_environment` puts in ``$REFATTN_THREADS`` so the workers' fp64 references do
   not oversubscribe the host (``refattn.reference.pool_threads`` reads it);
 * the per-worker JSON-lines result files (``$REFATTN_RESULTS_DIR``) and their merge back into
-  a :class:`refattn.runner.MatrixResult` (:func:`run_sharded`, behind ``refattn run --gpus``).
+  a :class:`refattn.runner.MatrixResult` (:func:`run_sharded`, behind ``refattn run --gpus``);
+* for workers that are plain processes rather than pytest-xdist workers (``refattn fuzz
+  --gpus``, :mod:`refattn.fuzz`): the check that each gets a device of its own
+  (:func:`require_devices`) and its environment, pinned by :func:`pin_environment` exactly as
+  the plugin pins ``gwN`` (:func:`worker_environment`).
 
 ``REFATTN_FAKE_GPUS=N`` makes the device counter report N devices (``0`` .. ``N-1`` through
 ``CUDA_VISIBLE_DEVICES``). It exists for the CPU-side tests of this machinery and should not
@@ -396,6 +400,31 @@ def auto_num_workers(gpu_kernels: bool, devices: Devices, env: Mapping[str, str]
     return len(devices) if gpu_kernels and len(devices) else None
 
 
+def require_devices(workers: int, devices: Devices, option: str = "--gpus") -> None:
+    """Raise :class:`ShardError` (naming ``option``) unless ``devices`` holds a device for each
+    of ``workers`` processes. ``refattn run --gpus`` lets workers share a device (or run
+    unpinned where none is visible); ``refattn fuzz --gpus`` asks for one each, for a CPU
+    kernel too: its workers are pinned to the devices the environment names, exactly as a GPU
+    kernel's are (so ``CUDA_VISIBLE_DEVICES=0,1`` or ``$REFATTN_FAKE_GPUS`` simulate two)."""
+    if len(devices) < workers:
+        raise ShardError(f"{option} {workers}: {len(devices)} device(s) visible "
+                         f"({devices.source}); each of the {workers} workers needs a device "
+                         f"of its own")
+
+
+def worker_environment(index: int, workers: int, devices: Devices,
+                       results_dir: str | os.PathLike,
+                       environ: Mapping[str, str] | None = None) -> tuple[dict, str | None]:
+    """The environment of worker ``index`` of ``workers`` started as a plain process, and the
+    device it is pinned to: :func:`child_env` (the source tree on ``PYTHONPATH`` when run
+    from one) pinned by :func:`pin_environment` as worker ``gw<index>``: its device in
+    ``devices.var``, ``HIPKERNEL_DEVICE=0``, its ``$REFATTN_THREADS`` share and the native
+    thread pools' sizes, as the pytest plugin pins the workers of ``refattn run --gpus``."""
+    env = child_env(results_dir, environ)
+    dev = pin_environment(f"gw{index}", devices, env, workers=workers)
+    return env, dev
+
+
 # --------------------------------------------------------------------------- groups
 
 def tune_group(case) -> tuple:
@@ -685,6 +714,5 @@ __all__ = ["CUDA_VAR", "Devices", "FAKE_GPUS_ENV", "HIP_VAR", "RESULTS_DIR_ENV",
            "group_key",
            "matrix_node_ids", "merge_results", "parse_nvidia_smi_list", "parse_rocm_smi",
            "parse_visible_devices", "pin_environment", "pytest_command", "read_rows",
-           "result_from_row", "result_row", "run_sharded", "skip_row", "source_root",
-           "tune_group",
-           "visible_devices", "worker_index"]
+           "require_devices", "result_from_row", "result_row", "run_sharded", "skip_row",
+           "source_root", "tune_group", "visible_devices", "worker_environment", "worker_index"]
