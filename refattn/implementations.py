@@ -66,12 +66,12 @@ class Row:
 
 
 def _version(doc: dict) -> str:
-    facts = doc.get("kernel_facts") or {}
+    """The record's ``kernel_source_hash``: a version string as it is (``onnxruntime-1.32.0:
+    CPUExecutionProvider``), a hex source hash by its head."""
     h = str(doc.get("kernel_source_hash") or "unstamped")
     if len(h) > 16 and all(c in "0123456789abcdef" for c in h):
-        h = f"source {h[:12]}"  # a source hash: its head names it
-    extra = [f"{k} {v}" for k, v in facts.items() if k in ("provider",) and v]
-    return "; ".join([str(h), *extra])
+        h = f"source {h[:12]}"
+    return h
 
 
 def _device(doc: dict) -> str:

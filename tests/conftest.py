@@ -127,3 +127,14 @@ try:
         _hsettings.load_profile("ci")
 except ImportError:  # hypothesis is in the test extra; without it those tests don't import
     pass
+
+
+@pytest.fixture
+def tripwire(monkeypatch):
+    """Fail if the reference gets as far as computing: an invalid call must be refused before
+    any work (tests/test_reference_bad_input.py, tests/test_ragged_reference.py)."""
+    import refattn.reference as reference
+
+    def _attention(*a, **kw):
+        raise AssertionError("reference computed on invalid input")
+    monkeypatch.setattr(reference, "_attention", _attention)

@@ -441,14 +441,6 @@ def assert_names(excinfo, name: str) -> None:
     assert re.match(rf"{re.escape(name)}:", msg), f"message should start with {name!r}: {msg!r}"
 
 
-@pytest.fixture
-def tripwire(monkeypatch):
-    """Fail if the reference gets as far as computing."""
-    def _attention(*a, **kw):
-        raise AssertionError("reference computed on invalid input")
-    monkeypatch.setattr(reference, "_attention", _attention)
-
-
 def test_valid_call_is_valid():
     c = valid_call()
     for fn in (attention, attention_lowp, attention_mp):
