@@ -76,7 +76,7 @@ wheel-check: venv
 	echo "wheel-check: OK in $$((SECONDS - t0)) s"
 
 mutants: venv
-	$(BIN)/refattn mutants --kernel model --suite seed --suite extended --suite coverage
+	$(BIN)/refattn mutants --kernel model --suite seed --suite extended --suite coverage --suite ragged --suite bf16
 
 report: venv
 	$(BIN)/refattn report --check

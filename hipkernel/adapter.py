@@ -11,8 +11,10 @@ autotuning, the case's own tiles ignored, ``pack`` cut to what a case's G allows
 how a path the tuner would not pick (on AMD, the matrix-core kernel) goes through the case
 matrix and the kill matrix (``refattn run`` / ``refattn mutants --kernel ...@CONFIG``).
 
-Both declare the same contract (``api.decline_reason``): head dims in ``HEAD_DIMS``, fp16,
-no softcap. On anything else they return -1 without touching the output buffer.
+Both declare the same contract (``api.decline_reason``): head dims in ``HEAD_DIMS``, fp16 or
+bf16, no softcap. On anything else they return -1 without touching the output buffer. Both
+take ragged batches (``ragged = True``: per-sequence ``past_len`` and ``q_len``). A bf16
+case's output comes back as float32 holding the bf16 values, in a new array.
 
 Of the optional members of the adapter protocol (docs/adapters.md) both have ``mutants``
 (the whole catalogue: each is a flag of the model and a macro of the HIP source),
@@ -47,6 +49,7 @@ def _config(inputs) -> KernelConfig | None:
 class _FusedKernel:
     base_name = "?"
     mutants = frozenset(m.name for m in MUTANTS)  # implemented (protocol); active: self.active
+    ragged = True  # per-sequence past_len / q_len (protocol)
 
     def __init__(self, variant: str | None = None, mutants=frozenset(), config=None):
         self.variant = variant
@@ -99,9 +102,9 @@ class _FusedKernel:
                 if c.fits(case.d) and c.supports(G)]
 
     def _kw(self, inputs) -> dict:
-        return dict(past_len=inputs.past_len, window=inputs.window, sink=inputs.sink,
-                    smooth_softmax=inputs.smooth_softmax, softcap=inputs.softcap or 0.0,
-                    scale=inputs.scale)
+        return dict(past_len=inputs.past_len, q_len=inputs.q_len, window=inputs.window,
+                    sink=inputs.sink, smooth_softmax=inputs.smooth_softmax,
+                    softcap=inputs.softcap or 0.0, scale=inputs.scale)
 
 
 class ModelKernel(_FusedKernel):
@@ -114,11 +117,12 @@ class ModelKernel(_FusedKernel):
 
     def run(self, inputs):
         q, k, v = inputs.q, inputs.k, inputs.v
-        dtype = "fp16" if all(x.dtype == "float16" for x in (q, k, v)) else str(q.dtype)
-        if api.decline_reason(d=q.shape[3], softcap=inputs.softcap or 0.0, dtype=dtype):
+        if api.decline_reason(d=q.shape[3], softcap=inputs.softcap or 0.0, dtype=inputs.dtype):
             return -1, inputs.out
         out = model.attention(q, k, v, config=self._config_for(inputs) or DEFAULT, mutants=self.active,
-                              **self._kw(inputs))
+                              dtype=inputs.dtype, **self._kw(inputs))
+        if inputs.dtype != "fp16":  # bf16 values in float32: not what the fp16 buffer holds
+            return 0, out
         inputs.out[...] = out
         return 0, inputs.out
 
@@ -176,8 +180,11 @@ class HipKernel(_FusedKernel):
         from refattn.timing import Prepared
 
         q, k, v = inputs.q, inputs.k, inputs.v
-        if not all(np.asarray(x).dtype == np.float16 for x in (q, k, v)):
-            raise ValueError(f"{self.name}: declines: fp16 inputs only (got {q.dtype})")
+        dtype = inputs.dtype
+        if dtype not in api.SUPPORTED_DTYPES:
+            raise ValueError(f"{self.name}: declines: {dtype} inputs (have {api.SUPPORTED_DTYPES})")
+        if dtype == "bf16":  # the device holds the bf16 bit patterns: each float32's top half
+            q, k, v = (_bf16_bits(x) for x in (q, k, v))
         be = self._be()
         B, Sq, Hq, d = q.shape
         Hkv, S_cap = k.shape[1], k.shape[2]
@@ -198,9 +205,9 @@ class HipKernel(_FusedKernel):
                 be.htod(bufs["sink"], sink16)
             config = self._config_for(inputs)
             kw = dict(B=B, Sq=Sq, Hq=Hq, Hkv=Hkv, d=d, S_cap=S_cap, past_len=inputs.past_len,
-                      window=inputs.window, sink_mode=sink_mode, scale=inputs.scale,
-                      softcap=inputs.softcap or 0.0, dtype="fp16", config=config,
-                      mutants=self.active)
+                      q_len=inputs.q_len, window=inputs.window, sink_mode=sink_mode,
+                      scale=inputs.scale, softcap=inputs.softcap or 0.0, dtype=dtype,
+                      config=config, mutants=self.active)
             args = (bufs["q"], bufs["k"], bufs["v"], bufs.get("sink", 0), bufs["out"])
             status = api.flash_prefill_v3(be, *args, **kw)  # autotunes; synchronizes
             if status != 0:
@@ -215,9 +222,9 @@ class HipKernel(_FusedKernel):
             api.flash_prefill_v3(nosync, *args, **kw)
 
         def output():
-            out = np.empty(q.shape, dtype=np.float16)
+            out = np.empty(q.shape, dtype=np.float16 if dtype == "fp16" else np.uint16)
             be.dtoh(out, bufs["out"])
-            return out
+            return out if dtype == "fp16" else (out.astype(np.uint32) << 16).view(np.float32)
 
         def close():
             for ptr in bufs.values():
@@ -228,14 +235,23 @@ class HipKernel(_FusedKernel):
             variant = config.name
         else:
             cfg = TUNER.cache.get(tune_key(d=d, sq=Sq, Hq=Hq, G=Hq // Hkv, window=inputs.window,
-                                           dtype="fp16", arch=be.arch))
+                                           dtype=dtype, arch=be.arch))
             variant = cfg.name if cfg is not None else "default (autotune off)"
         return Prepared(launch, output=output, close=close, variant=variant)
 
     def run(self, inputs):
         # The backend is resolved inside api.attention after the host-side decline decision,
-        # so a declined case needs no GPU at all.
-        status, out = api.attention(inputs.q, inputs.k, inputs.v, out=inputs.out,
+        # so a declined case needs no GPU at all. A bf16 result is float32 (bf16 values): a
+        # new array, not the fp16 canary buffer.
+        fp16 = inputs.dtype == "fp16"
+        status, out = api.attention(inputs.q, inputs.k, inputs.v, out=inputs.out if fp16 else None,
                                     config=self._config_for(inputs), backend=self._backend or self.variant,
-                                    mutants=self.active, **self._kw(inputs))
+                                    mutants=self.active, dtype=inputs.dtype, **self._kw(inputs))
         return status, inputs.out if out is None else out
+
+
+def _bf16_bits(x):
+    """The bf16 bit patterns (uint16) of ``x``, float32 holding bf16 values."""
+    import numpy as np
+
+    return (np.ascontiguousarray(x, dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)

@@ -74,12 +74,19 @@ reciprocal a row, fold f into it and then take one product an element, not a div
 element nor two products; the scalar kernel divides, which on sm_80 keeps two of its tiles
 free of spills.)
 
-Inputs are fp16, arithmetic is fp32 (``np.float32`` throughout, exp2 in fp32), the output
-is fp16. On the tensor-core paths (``config.path`` "mma" or "wgmma") P is rounded to fp16
+Inputs are fp16 or bf16, arithmetic is fp32 (``np.float32`` throughout, exp2 in fp32), the
+output is in the input's format (bf16 values held in float32, as the harness holds them). On the tensor-core paths (``config.path`` "mma" or "wgmma") P is rounded to fp16
 before P.V, which the model mirrors; l still sums the fp32 p, except on the wgmma path at
 d = 64 (``config.rowsum_mma(d)``), whose kernel sums P on the tensor cores beside P.V
-(P . 1): there l sums the fp16 P that P.V multiplies. The kernel's dot products and sums run in a different order than NumPy's, so the
-two agree to fp32 rounding, not bitwise.
+(P . 1): there l sums the fp16 P that P.V multiplies. In a bf16 kernel P is rounded to
+bf16 instead. The kernel's dot products and sums run in a different order than NumPy's, so
+the two agree to fp32 rounding, not bitwise.
+
+Ragged batches (``past_len`` and ``q_len`` per sequence, docs/semantics.md): block (qt, h, b)
+takes sequence b's own lengths, so each sequence is computed exactly as the uniform call of
+its own geometry (rows [0, q_len[b]) at past_len[b] + i over keys [0, past_len[b] +
+q_len[b])); its padded rows are written as zeros, and a block wholly in the padding walks no
+KV tile.
 """
 
 from __future__ import annotations
@@ -89,8 +96,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+import dataclasses
+
 from hipkernel.config import DEFAULT, HEAD_DIMS, TENSOR_CORE_PATHS, KernelConfig
 from refattn.args import check_attention_args
+from refattn.lowp import round_bf16
 from refattn.mutants import MUTANTS
 from refattn.sharding import affinity_cpus
 
@@ -104,6 +114,8 @@ _SINK_MODE = {"none": 0, "per_head": 1, "smooth": 2}  # the kernel's sink_mode a
 # The running max the max_floor mutant starts a row from (exp2 units, the kernels' m), in place
 # of -inf: -1e4 is -6931.5 in natural-log units.
 MAX_FLOOR = np.float32(-1e4)
+DTYPES = ("fp16", "bf16")
+OUT_CANARY_BITS = 0x7E5A  # what the harness's output buffer holds (refattn.cases): an fp16 NaN
 
 
 def visible(p, j, window: int, *, off_by_one: bool = False):
@@ -116,22 +128,34 @@ def visible(p, j, window: int, *, off_by_one: bool = False):
     return causal & (j >= p - window + (0 if off_by_one else 1))
 
 
-def attention(q, k, v, *, past_len, window=-1, sink=None, smooth_softmax=False, softcap=0.0,
-              scale=None, config: KernelConfig = DEFAULT, mutants: Iterable[str] = frozenset()
-              ) -> np.ndarray:
+def attention(q, k, v, *, past_len, q_len=None, window=-1, sink=None, smooth_softmax=False,
+              softcap=0.0, scale=None, config: KernelConfig = DEFAULT,
+              mutants: Iterable[str] = frozenset(), dtype: str = "fp16") -> np.ndarray:
     """The fused kernel's output, computed on the CPU by its own tiled algorithm.
 
     ``q: (B, Sq, Hq, d)``, ``k, v: (B, Hkv, S_cap, d)`` with ``S_cap >= past_len + Sq``
-    (keys past ``skv`` are never read), ``sink: (Hq,)`` or None; all float16. Returns
-    ``(B, Sq, Hq, d)`` float16. ``config`` picks the tiles (BM = 16 * m_tiles, BKV = bkv);
-    ``mutants`` names bugs from ``refattn.mutants`` to switch on.
+    (keys past ``skv`` are never read), ``sink: (Hq,)`` float16 or None. ``dtype`` "fp16":
+    q, k, v float16, returns ``(B, Sq, Hq, d)`` float16; "bf16": q, k, v float32 holding
+    bf16 values, returns float32 holding bf16 values. Ragged: ``past_len`` and ``q_len``
+    integer arrays (B,) (docs/semantics.md, Ragged batches); padded rows are zeros.
+    ``config`` picks the tiles (BM = 16 * m_tiles, BKV = bkv); ``mutants`` names bugs from
+    ``refattn.mutants`` to switch on.
     """
-    a = check_attention_args(q, k, v, past_len=past_len, window=window, sink=sink,
+    a = check_attention_args(q, k, v, past_len=past_len, q_len=q_len, window=window, sink=sink,
                              smooth_softmax=smooth_softmax, softcap=softcap, scale=scale,
-                             allow_cache_capacity=True)
-    for name, x in (("q", q), ("k", k), ("v", v), ("sink", sink)):
-        if x is not None and x.dtype != np.float16:
-            raise ValueError(f"{name}: the fused kernel takes float16, got {x.dtype}")
+                             allow_cache_capacity=True, allow_ragged=True)
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: expected one of {', '.join(map(repr, DTYPES))}, got {dtype!r}")
+    want = np.float16 if dtype == "fp16" else np.float32
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.dtype != want:
+            raise ValueError(f"{name}: the fused kernel takes {dtype} as "
+                             f"{np.dtype(want).name}, got {x.dtype}")
+        if dtype == "bf16" and (np.ascontiguousarray(x).view(np.uint32) & 0xFFFF).any():
+            raise ValueError(f"{name}: expected bf16 values (float32 with the low 16 bits of "
+                             f"every word zero)")
+    if sink is not None and sink.dtype != np.float16:
+        raise ValueError(f"sink: the fused kernel takes float16, got {sink.dtype}")
     if a.softcap > 0:
         raise ValueError(f"softcap: the fused kernel does not implement softcap, got {a.softcap}")
     if a.d not in HEAD_DIMS:
@@ -139,8 +163,47 @@ def attention(q, k, v, *, past_len, window=-1, sink=None, smooth_softmax=False, 
     if not isinstance(config, KernelConfig):
         raise ValueError(f"config: expected a hipkernel.config.KernelConfig, got {config!r}")
     mut = _check_mutants(mutants)
+    bf16 = dtype == "bf16"
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        return _run(a, q, k, v, sink, config, mut)
+        if not a.ragged:
+            return _run(a, q, k, v, sink, config, mut, bf16)
+        return _ragged(a, q, k, v, sink, config, mut, bf16)
+
+
+def _ragged(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str], bf16: bool) -> np.ndarray:
+    """A ragged batch: each sequence as the uniform call of its own geometry (B = 1, its
+    q_len rows, its past_len), padded rows zero; or what the ragged mutants make of it."""
+    out = np.zeros(q.shape, np.float32 if bf16 else np.float16)
+    if "padding_not_written" in mut:  # padded rows keep the buffer's canary
+        canary = np.full((), OUT_CANARY_BITS, np.uint16).view(np.float16)
+        out[...] = canary
+    S_cap = k.shape[2]
+    longest_past, longest = max(a.past_lens), max(a.lengths)
+
+    def seq(b: int, past: int, rows: slice, skv: int, kv_b: int) -> None:
+        n = rows.stop - rows.start
+        if n <= 0:
+            return
+        one = dataclasses.replace(a, B=1, Sq=n, past_len=past, skv=skv, past_lens=(past,),
+                                  q_lens=(n,), ragged=False)
+        out[b:b + 1, rows] = _run(one, q[b:b + 1, rows], k[kv_b:kv_b + 1], v[kv_b:kv_b + 1],
+                                  sink, config, mut, bf16)
+
+    for b, (past, n) in enumerate(zip(a.past_lens, a.q_lens)):
+        if "ragged_max_diag" in mut:  # the longest sequence's diagonal and key bound
+            seq(b, longest_past, slice(0, n), longest, b)
+        else:
+            seq(b, past, slice(0, n), past + n, b)
+        if "padded_row_next_seq" in mut:  # rows n.. at past + n + i, against sequence b + 1
+            seq(b, past + n, slice(n, a.Sq), min(S_cap, past + a.Sq), (b + 1) % a.B)
+    return out
+
+
+def _fp16_bits_as_bf16(x: np.ndarray) -> np.ndarray:
+    """The bf16 numbers whose bit patterns are those of ``x`` rounded to fp16 (as float32):
+    the ``bf16_p_as_fp16`` mutant's P."""
+    bits = x.astype(np.float16).view(np.uint16).astype(np.uint32) << 16
+    return bits.view(np.float32)
 
 
 def _check_mutants(mutants) -> frozenset[str]:
@@ -156,7 +219,8 @@ def _check_mutants(mutants) -> frozenset[str]:
     return mut
 
 
-def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str]) -> np.ndarray:
+def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str], bf16: bool = False
+         ) -> np.ndarray:
     B, Sq, Hq, Hkv, d, G = a.B, a.Sq, a.Hq, a.Hkv, a.d, a.G
     BM, BKV = config.block_positions, config.bkv  # BM: positions a block (of pack heads)
     # wgspan: each warpgroup's BM_WG positions walk their own chunks (see _span_tiles); a
@@ -262,9 +326,15 @@ def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str]) -> np.ndar
             # fma(s, c2, -m): the fp64 product of two fp32 values is exact
             s = (s.astype(np.float64) * np.float64(c2) - m_ref[..., None]).astype(_F32)
             np.exp2(s, out=s)  # p_j; invisible keys: exp2(-inf) = 0
-            # the tensor-core paths feed P to the MMAs as fp16; l keeps the fp32 p, or sums
-            # that fp16 P on the tensor cores too (rowsum_mma: P . 1 beside P . V)
-            pv = s.astype(np.float16).astype(_F32) if tensor_core else s
+            # the tensor-core paths feed P to the MMAs as fp16 (bf16 in a bf16 kernel); l
+            # keeps the fp32 p, or sums that P on the tensor cores too (rowsum_mma: P . 1
+            # beside P . V)
+            if bf16 and "bf16_p_as_fp16" in mut:
+                pv = _fp16_bits_as_bf16(s)
+            elif tensor_core:
+                pv = round_bf16(s) if bf16 else s.astype(np.float16).astype(_F32)
+            else:
+                pv = s
             l_new = l * alpha + (pv if rowsum else s).sum(axis=-1)
             acc_new = acc * alpha[..., None] + _matmul(pv, vt[:, :, None])
             if "sink_per_tile" in mut and has_sink:
@@ -311,9 +381,9 @@ def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str]) -> np.ndar
             for _ in pool.map(q_tile, starts):
                 pass
 
-    result = np.empty((B, Sq, Hq, d), np.float16)
+    result = np.empty((B, Sq, Hq, d), _F32 if bf16 else np.float16)
     result[:, :, order, :] = out.reshape(B, Hq, Sq, d).transpose(0, 2, 1, 3)
-    return result
+    return round_bf16(result) if bf16 else result
 
 
 def _span_tiles(i0: int, blk0: int, Sq: int, past: int, W: int, bkv: int, bm: int,

@@ -20,12 +20,26 @@ A *case* is one attention call described as data (STYLE 6): geometry, options an
     sink = "per_head"
     why = "whole KV tiles must be skipped, not masked; the skip must keep the sink exact"
 
+A suite may instead (or as well) be *derived* from other suites: the same cases with some
+keys set, each renamed with a suffix, so the variant can never drift from its source::
+
+    description = "seed and extended in bf16"
+    [derive]
+    from = ["seed", "extended"]                 # suites (names in the same directory)
+    set = { dtype = "bf16" }                    # keys given to every case
+    suffix = "-bf16"                            # appended to every name
+
 Keys (``name``, ``Hq``, ``Hkv``, ``d``, ``sq`` and ``why`` are required):
 
     name           ``^[a-z0-9][a-z0-9.-]*$``, unique over every suite loaded together
     Hq, Hkv, d     query heads, KV heads (Hq % Hkv == 0), head dim
-    B, sq          batch (default 1), query rows of this chunk
-    past_len       keys already in the cache before the chunk (default 0)
+    B, sq          batch (default 1), query rows of this chunk (of every sequence; a ragged
+                   batch right-pads its sequences to sq rows)
+    past_len       keys already in the cache before the chunk (default 0); a list of B
+                   integers makes the batch ragged: sequence b's row i sits at past_len[b] + i
+    q_len          a list of B integers 0 <= q_len[b] <= sq (ragged): the valid query rows of
+                   each sequence, right-padded to sq; padded rows must come back as zeros
+                   (default: sq rows each)
     window         -1 (none, default) or W >= 1 keys, self included (ORT convention)
     sink           "none" (default) | "per_head" | "smooth"
     dtype          "fp16" (default) | "bf16" | "fp32": what the inputs are rounded through
@@ -71,7 +85,12 @@ are those of the same case without them:
   ``shift`` the sum of both gains, :func:`logit_shift`), so a sink stays comparable to the
   logits it competes with; a smooth softmax's zero logit does not move;
 * ``cache_fill``: key slots ``j < past_len - W + 1`` (left of the first row's window, so of
-  every row's) hold NaN or +-inf in ``k`` and ``v``; slots some rows see stay finite.
+  every row's) hold NaN or +-inf in ``k`` and ``v``; slots some rows see stay finite. In a
+  ragged batch each sequence's own ``past_len[b]`` decides its slots.
+
+A ragged batch (docs/semantics.md, Ragged batches) carries NaN canaries in every slot a
+sequence must not read: its cache from its own length ``past_len[b] + q_len[b]`` to the end
+of the allocation, and its padded query rows ``i >= q_len[b]``.
 """
 
 from __future__ import annotations
@@ -86,6 +105,7 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
 from refattn.args import FP32_MAX, FP32_TINY, MAX_ELEMENTS
+from refattn.lowp import lowp_of, round_bf16
 
 import numpy as np
 
@@ -96,7 +116,8 @@ else:  # pragma: no cover - Python 3.10
 
 SINK_MODES = ("none", "per_head", "smooth")
 CACHE_FILLS = ("clean", "nan-outside-window", "inf-outside-window")
-TOP_KEYS = ("case", "defaults", "description", "complete")  # a case file's top-level keys
+TOP_KEYS = ("case", "defaults", "description", "complete", "derive")  # a case file's top-level keys
+DERIVE_KEYS = ("from", "set", "suffix")
 SPIKE_K = 2.0  # the k component a q spike multiplies (exact in every dtype)
 # The largest value of each dtype: a mode component must round to a finite value.
 DTYPE_MAX = {"fp16": 65504.0, "bf16": 3.3895313892515355e38, "fp32": 3.4028234663852886e38}
@@ -174,7 +195,8 @@ class Case:
     d: int
     sq: int
     B: int = 1
-    past_len: int = 0
+    past_len: int | tuple[int, ...] = 0
+    q_len: tuple[int, ...] | None = None
     window: int = -1
     sink: str = "none"
     dtype: str = "fp16"
@@ -199,8 +221,8 @@ class Case:
             bad("name", f"expected a string matching {NAME_RE.pattern}, got {self.name!r}")
         if not isinstance(self.suite, str) or not self.suite:
             bad("suite", f"expected a non-empty string, got {self.suite!r}")
-        for key, lo in (("Hq", 1), ("Hkv", 1), ("d", 1), ("sq", 1), ("B", 1), ("past_len", 0),
-                        ("seed", 0)):
+        self._check_lengths(bad)
+        for key, lo in (("Hq", 1), ("Hkv", 1), ("d", 1), ("sq", 1), ("B", 1), ("seed", 0)):
             x = getattr(self, key)
             if not _is_int(x):
                 bad(key, f"expected an integer >= {lo}, got {type(x).__name__} {x!r}")
@@ -212,11 +234,11 @@ class Case:
             bad("spare", f"expected an integer >= 0 rows of canaries (or leave it out), got {self.spare!r}")
 
         q_elems = self.B * self.sq * self.Hq * self.d
-        kv_elems = self.B * self.Hkv * (self.past_len + self.sq) * self.d
+        kv_elems = self.B * self.Hkv * self.skv * self.d
         if q_elems > MAX_ELEMENTS:
             bad("sq", f"q would hold B*sq*Hq*d = {q_elems} elements, over the limit of {MAX_ELEMENTS}")
         if kv_elems > MAX_ELEMENTS:
-            bad("past_len", f"the cache would hold B*Hkv*(past_len+sq)*d = {kv_elems} elements, "
+            bad("past_len", f"the cache would hold B*Hkv*skv*d = {kv_elems} elements, "
                             f"over the limit of {MAX_ELEMENTS}")
         need = self.host_bytes
         if need > MAX_CASE_BYTES:
@@ -260,6 +282,36 @@ class Case:
         if not isinstance(self.why, str) or not self.why.strip() or "\n" in self.why.strip():
             bad("why", f"expected one non-empty line saying what bug this case catches, got {self.why!r}")
 
+    def _check_lengths(self, bad) -> None:
+        """``past_len`` (an int, or B ints) and ``q_len`` (None, or B ints in [0, sq]); lists
+        are stored as tuples. Runs before the other checks: the sizes depend on them."""
+        for key in ("B", "sq"):
+            x = getattr(self, key)
+            if not _is_int(x) or x < 1:
+                bad(key, f"expected an integer >= 1, got {type(x).__name__} {x!r}")
+
+        def per_sequence(key: str, value, hi: int | None) -> tuple[int, ...]:
+            if not isinstance(value, (list, tuple)):
+                bad(key, f"expected a list of B = {self.B} integers, got {type(value).__name__} "
+                         f"{_short(value)}")
+            if len(value) != self.B:
+                bad(key, f"expected one entry per sequence, B = {self.B}, got {len(value)}")
+            for b, x in enumerate(value):
+                if not _is_int(x) or x < 0 or (hi is not None and x > hi):
+                    want = f"an integer in [0, sq = {hi}]" if hi is not None else "an integer >= 0"
+                    bad(f"{key}[{b}]", f"expected {want}, got {_short(x)}")
+            return tuple(int(x) for x in value)
+
+        if isinstance(self.past_len, (list, tuple)):
+            object.__setattr__(self, "past_len", per_sequence("past_len", self.past_len, None))
+        elif not _is_int(self.past_len) or self.past_len < 0:
+            bad("past_len", f"expected an integer >= 0 or a list of B integers, got "
+                            f"{type(self.past_len).__name__} {_short(self.past_len)}")
+        if self.q_len is not None:
+            object.__setattr__(self, "q_len", per_sequence("q_len", self.q_len, self.sq))
+        if self.ragged and max(p + n for p, n in zip(self.past_lens, self.q_lens)) < 1:
+            bad("q_len", "every sequence is empty (past_len + q_len = 0): there is no key at all")
+
     def _check_modes(self, bad) -> None:
         """The input modes: known values, and inputs that the case dtype can represent."""
         if self.cache_fill not in CACHE_FILLS:
@@ -268,7 +320,7 @@ class Case:
         if self.cache_fill != "clean" and self.hidden_slots == 0:
             bad("cache_fill", f"{self.cache_fill!r} needs key slots no row can see: a window "
                               f"W >= 1 with past_len - W + 1 > 0, got window={self.window}, "
-                              f"past_len={self.past_len}")
+                              f"past_len={_short(self.past_len)}")
         for key in ("logit_offset", "q_spike"):
             x = _as_float(getattr(self, key))
             if x is None or not math.isfinite(x):
@@ -292,10 +344,46 @@ class Case:
                                 f"stay within the fp16 range the kernel ABI carries them in")
 
     @property
+    def ragged(self) -> bool:
+        """True when the sequences of the batch have their own lengths (``past_len`` a list,
+        or ``q_len`` given)."""
+        return isinstance(self.past_len, tuple) or self.q_len is not None
+
+    @property
+    def past_lens(self) -> tuple[int, ...]:
+        """Each sequence's ``past_len`` (B entries; all equal in a uniform batch)."""
+        return self.past_len if isinstance(self.past_len, tuple) else (self.past_len,) * self.B
+
+    @property
+    def q_lens(self) -> tuple[int, ...]:
+        """Each sequence's valid query rows (B entries; ``sq`` each unless ``q_len`` is given)."""
+        return self.q_len if self.q_len is not None else (self.sq,) * self.B
+
+    @property
+    def seq_lens(self) -> tuple[int, ...]:
+        """Each sequence's keys after the chunk: ``past_len[b] + q_len[b]``."""
+        return tuple(p + n for p, n in zip(self.past_lens, self.q_lens))
+
+    @property
+    def hidden_slots_per_seq(self) -> tuple[int, ...]:
+        """Per sequence, the key slots no row of its chunk can see: left of its first row's
+        window, ``max(0, past_len[b] - W + 1)`` (0 without a window)."""
+        if self.window < 0:
+            return (0,) * self.B
+        return tuple(max(0, p - self.window + 1) for p in self.past_lens)
+
+    @property
     def hidden_slots(self) -> int:
         """Key slots of the cache that no row of the chunk can see: left of the first row's
-        window, ``max(0, past_len - W + 1)`` (0 without a window)."""
-        return 0 if self.window < 0 else max(0, self.past_len - self.window + 1)
+        window, ``max(0, past_len - W + 1)`` (0 without a window); in a ragged batch the
+        largest of :attr:`hidden_slots_per_seq`."""
+        return max(self.hidden_slots_per_seq)
+
+    @property
+    def lowp(self) -> str:
+        """The 16-bit format of the gate's baseline: bf16 for bf16 inputs, else fp16
+        (``refattn.lowp.lowp_of``)."""
+        return lowp_of(self.dtype)
 
     @property
     def scale_value(self) -> float:
@@ -313,8 +401,9 @@ class Case:
 
     @property
     def skv(self) -> int:
-        """Keys in the cache after this chunk is appended: past_len + sq."""
-        return self.past_len + self.sq
+        """Keys in the cache after this chunk is appended: past_len + sq (ragged: the longest
+        sequence's ``past_len[b] + q_len[b]``)."""
+        return max(self.seq_lens) if self.ragged else self.past_len + self.sq
 
     @property
     def s_cap(self) -> int:
@@ -333,19 +422,23 @@ class Case:
         kv = self.B * self.Hkv * self.d
         return q * (4 + item + 2 + 8 + 2) + 2 * kv * (self.skv * 4 + self.s_cap * item)
 
+    def _pairs(self, past: int, n: int) -> int:
+        p = np.arange(past, past + n, dtype=np.int64)
+        k = p + 1 if self.window < 0 else np.minimum(p + 1, self.window)
+        return int(k.sum())
+
     @property
     def visible_pairs(self) -> int:
-        """(query row, key) pairs that are visible, per batch and head: row i sees
-        min(p + 1, W) keys with p = past_len + i (p + 1 without a window)."""
-        p = np.arange(self.past_len, self.skv, dtype=np.int64)
-        n = p + 1 if self.window < 0 else np.minimum(p + 1, self.window)
-        return int(n.sum())
+        """(query row, key) pairs that are visible, summed over the batch's sequences, per
+        head: row i of sequence b sees min(p + 1, W) keys with p = past_len[b] + i (p + 1
+        without a window); padded rows see none."""
+        return sum(self._pairs(p, n) for p, n in zip(self.past_lens, self.q_lens))
 
     @property
     def flops(self) -> int:
-        """Useful FLOPs: 4 * B * Hq * d * visible_pairs (2 per multiply-add, in S = QK^T and
-        in O = PV; masked pairs are not counted)."""
-        return 4 * self.B * self.Hq * self.d * self.visible_pairs
+        """Useful FLOPs: 4 * Hq * d * visible_pairs (2 per multiply-add, in S = QK^T and in
+        O = PV; masked pairs and padded rows are not counted)."""
+        return 4 * self.Hq * self.d * self.visible_pairs
 
     @property
     def id(self) -> str:
@@ -353,8 +446,13 @@ class Case:
 
     def describe(self) -> str:
         """Geometry and options in one short line, e.g. ``Hq64/Hkv8 d64 B1 sq512 past8192 w128 sink``."""
+        def lens(x) -> str:
+            return ",".join(map(str, x)) if isinstance(x, tuple) else str(x)
+
         parts = [f"Hq{self.Hq}/Hkv{self.Hkv}", f"d{self.d}", f"B{self.B}", f"sq{self.sq}",
-                 f"past{self.past_len}"]
+                 f"past{lens(self.past_len)}"]
+        if self.q_len is not None:
+            parts.append(f"qlen{lens(self.q_len)}")
         if self.window > 0:
             parts.append(f"w{self.window}")
         if self.sink != "none":
@@ -478,10 +576,16 @@ def load_suite(path, *, suite: str | None = None) -> list[Case]:
     tables = doc.get("case", [])
     if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
         raise CaseError("expected an array of tables [[case]]", file=path, key="case")
-    if not tables:
+    derived = _derived_cases(doc["derive"], path, suite) if "derive" in doc else []
+    if not tables and not derived:
         raise CaseError("no [[case]] tables", file=path, key="case")
 
     cases, seen = [], set()
+    for case in derived:
+        if case.name in seen:
+            raise CaseError("duplicate case name in this file", file=path, case=case.name, key="name")
+        seen.add(case.name)
+        cases.append(case)
     for i, table in enumerate(tables):
         raw = table.get("name")
         label = raw if isinstance(raw, str) else f"#{i + 1}"
@@ -501,6 +605,45 @@ def load_suite(path, *, suite: str | None = None) -> list[Case]:
         seen.add(case.name)
         cases.append(case)
     return cases
+
+
+def _derived_cases(derive, path: Path, suite: str) -> list[Case]:
+    """The cases of a ``[derive]`` table: each case of the ``from`` suites (found beside
+    ``path``) with the keys of ``set`` and its name suffixed."""
+    if not isinstance(derive, dict):
+        raise CaseError("expected a table [derive]", file=path, key="derive")
+    for key in derive:
+        if key not in DERIVE_KEYS:
+            raise CaseError(_unknown_key(key, DERIVE_KEYS), file=path, key=f"derive.{key}")
+    sources, setting = derive.get("from"), derive.get("set", {})
+    suffix = derive.get("suffix")
+    if not isinstance(sources, list) or not sources or not all(isinstance(x, str) for x in sources):
+        raise CaseError("expected a non-empty list of suite names", file=path, key="derive.from")
+    if not isinstance(setting, dict):
+        raise CaseError("expected a table of case keys", file=path, key="derive.set")
+    for key in setting:
+        if key not in _KEYS or key in ("name", "why"):
+            known = [k for k in _KEYS if k not in ("name", "why")]
+            raise CaseError(_unknown_key(key, known), file=path, key=f"derive.set.{key}")
+    if not isinstance(suffix, str) or not NAME_RE.match("x" + suffix):
+        raise CaseError(f"expected a string of name characters ({NAME_RE.pattern}), got {suffix!r}",
+                        file=path, key="derive.suffix")
+    out = []
+    for name in sources:
+        source = path.parent / f"{name}.toml"
+        if source.resolve() == path.resolve() or not source.is_file():
+            why = "is this file" if source.is_file() else "is not a suite beside this file"
+            raise CaseError(f"{name!r} {why}", file=path, key="derive.from")
+        if "derive" in _read_toml(source):
+            raise CaseError(f"{name!r} is itself derived; derive from the suites it derives from",
+                            file=path, key="derive.from")
+        for c in load_suite(source):
+            fields_ = {**case_fields(c), **setting, "name": c.name + suffix}
+            try:
+                out.append(Case(suite=suite, **fields_))
+            except CaseError as e:
+                raise e.located(file=path, case=fields_["name"]) from None
+    return out
 
 
 INLINE_SUITE = "inline"
@@ -534,6 +677,8 @@ def _toml_value(x) -> str:
         return '"' + x.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(x, dict):
         return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in x.items()) + " }"
+    if isinstance(x, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in x) + "]"
     return repr(x)
 
 
@@ -593,18 +738,6 @@ def suite_complete(name_or_path) -> bool:
 
 
 # --------------------------------------------------------------------------- inputs
-
-def round_bf16(x) -> np.ndarray:
-    """Round to bfloat16 (nearest, ties to even) and return the values as float32.
-
-    bf16 is the top half of an fp32 word: add 0x7FFF plus the lowest kept bit, then truncate
-    the low 16 bits. NaN stays NaN; finite values beyond the bf16 range round to +-inf.
-    """
-    x = np.asarray(x, dtype=np.float32)
-    u = x.view(np.uint32).astype(np.uint64)
-    r = ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
-    return np.where(np.isnan(x), x, r)
-
 
 def round_through(x, dtype: str) -> np.ndarray:
     """``x`` rounded through the case dtype: fp16 -> float16, bf16 -> float32 holding bf16
@@ -705,6 +838,10 @@ class Inputs:
     k, v: (B, Hkv, S_cap, d)  rows [0, skv) are the cache, rows [skv, S_cap) NaN canaries
     sink: (Hq,) float16 or None
     out: (B, Sq, Hq, d) float16, every element the canary NaN 0x7E5A
+    past_len: an int, or for a ragged case an int64 array (B,) of each sequence's past_len
+    q_len: None, or for a ragged case an int64 array (B,) of each sequence's valid rows
+    (then sequence b's cache holds NaN canaries from past_len[b] + q_len[b] on, and its
+    padded rows of q are NaN)
     """
 
     case: Case
@@ -713,16 +850,24 @@ class Inputs:
     v: np.ndarray
     sink: np.ndarray | None
     smooth_softmax: bool
-    past_len: int
+    past_len: int | np.ndarray
     window: int
     scale: float | None
     softcap: float
     config: dict | None
     dtype: str
     out: np.ndarray
+    q_len: np.ndarray | None = None
+
+    @property
+    def ragged(self) -> bool:
+        return self.q_len is not None
 
     @property
     def skv(self) -> int:
+        """Keys of the cache (ragged: of the longest sequence)."""
+        if self.q_len is not None:
+            return int((self.past_len + self.q_len).max())
         return self.past_len + self.q.shape[1]
 
     def clean_kv(self) -> tuple[np.ndarray, np.ndarray]:
@@ -741,7 +886,7 @@ class Inputs:
 
     def reference_kwargs(self) -> dict:
         """Keyword arguments for ``refattn.attention`` / ``attention_with_baseline``."""
-        return dict(past_len=self.past_len, window=self.window, sink=self.sink,
+        return dict(past_len=self.past_len, q_len=self.q_len, window=self.window, sink=self.sink,
                     smooth_softmax=self.smooth_softmax, softcap=self.softcap, scale=self.scale)
 
 
@@ -773,17 +918,25 @@ def make_inputs(case: Case) -> Inputs:
         c = spike_index(case)
         q[..., c] = spike_component(case)
         k[:, :, :skv, c] = SPIKE_K
-    hidden = case.hidden_slots
-    if case.cache_fill == "nan-outside-window":
-        k[:, :, :hidden] = np.nan
-        v[:, :, :hidden] = np.nan
-    elif case.cache_fill == "inf-outside-window":
-        signs = np.where(np.arange(hidden) % 2 == 0, np.inf, -np.inf).astype(q.dtype)
-        k[:, :, :hidden] = signs[:, None]
-        v[:, :, :hidden] = signs[:, None]
+    for b, hidden in enumerate(case.hidden_slots_per_seq):
+        if case.cache_fill == "nan-outside-window":
+            k[b, :, :hidden] = np.nan
+            v[b, :, :hidden] = np.nan
+        elif case.cache_fill == "inf-outside-window":
+            signs = np.where(np.arange(hidden) % 2 == 0, np.inf, -np.inf).astype(q.dtype)
+            k[b, :, :hidden] = signs[:, None]
+            v[b, :, :hidden] = signs[:, None]
+    past_len, q_len = case.past_len, None
+    if case.ragged:
+        past_len = np.array(case.past_lens, dtype=np.int64)
+        q_len = np.array(case.q_lens, dtype=np.int64)
+        for b, (n, end) in enumerate(zip(case.q_lens, case.seq_lens)):
+            k[b, :, end:] = np.nan  # slots past the sequence's own length
+            v[b, :, end:] = np.nan
+            q[b, n:] = np.nan  # padded rows
     return Inputs(
         case=case, q=q, k=k, v=v, sink=sink, smooth_softmax=case.sink == "smooth",
-        past_len=case.past_len, window=case.window, scale=case.scale, softcap=case.softcap,
+        past_len=past_len, window=case.window, scale=case.scale, softcap=case.softcap,
         config=None if case.config is None else dict(case.config), dtype=case.dtype,
-        out=canary_out((B, Sq, Hq, d)),
+        out=canary_out((B, Sq, Hq, d)), q_len=q_len,
     )

@@ -97,6 +97,31 @@ def _is_prime(n: int) -> bool:
     return all(n % f for f in range(3, math.isqrt(n) + 1, 2))
 
 
+def _lengths(c: Case, tiles) -> set[str]:
+    if not c.ragged:
+        return {"uniform"}
+    got = {"ragged"}
+    if len(set(c.past_lens)) > 1:
+        got.add("past-differs")
+    if any(n < c.sq for n in c.q_lens):
+        got.add("padded-rows")
+    if 0 in c.q_lens:
+        got.add("fully-padded")
+    if any(p == 0 and n > 0 for p, n in zip(c.past_lens, c.q_lens)) and max(c.past_lens) > 0:
+        got.add("empty-cache-beside")
+    return got
+
+
+def _each_length(lengths, tiles: Sequence[int]) -> set[str]:
+    """:func:`_length_hits` of every non-zero length (a ragged batch's sequences each end
+    where their own length does)."""
+    got = set()
+    for n in set(lengths):
+        if n > 0:
+            got |= _length_hits(n, tiles)
+    return got
+
+
 def _length_hits(n: int, tiles: Sequence[int]) -> set[str]:
     got = set()
     for t in tiles:
@@ -151,8 +176,10 @@ def _window(c: Case, tiles) -> set[str]:
 
 
 def _visible_counts(c: Case) -> tuple[int, int]:
-    """Visible keys of the chunk's first and last rows."""
-    first, last = c.past_len + 1, c.skv
+    """Visible keys of the chunk's first and last rows (ragged: the fewest any sequence's
+    first row sees, the most any sequence's last row sees)."""
+    live = [(p, n) for p, n in zip(c.past_lens, c.q_lens) if n > 0]
+    first, last = min(p for p, _ in live) + 1, max(p + n for p, n in live)
     if c.window > 0:
         first, last = min(first, c.window), min(last, c.window)
     return first, last
@@ -214,6 +241,8 @@ def _magnitude(c: Case, tiles) -> set[str]:
 
 def _cache(c: Case, tiles) -> set[str]:
     got = set()
+    if c.ragged and min(c.seq_lens) < c.skv:
+        got.add("other-sequence-slots")  # a shorter sequence's slots up to the longest's
     if c.spare != 0:
         got.add("nan-past-skv")
     else:
@@ -233,10 +262,10 @@ AXES: tuple[Axis, ...] = (
     Axis("d", ("64", "128", "other"),
          lambda c, t: {str(c.d) if c.d in (64, 128) else "other"}, required=("64", "128", "other"),
          doc="head dim: compiled ones and one a kernel must decline or handle"),
-    Axis("sq", tile_values(DEFAULT_TILES["q"]), lambda c, t: _length_hits(c.sq, t["q"]),
+    Axis("sq", tile_values(DEFAULT_TILES["q"]), lambda c, t: _each_length((c.sq,) + c.q_lens, t["q"]),
          required=tile_values(DEFAULT_TILES["q"]),
          doc="query rows relative to every query tile: the last Q tile full, one short, one over"),
-    Axis("skv", tile_values(DEFAULT_TILES["kv"]), lambda c, t: _length_hits(c.skv, t["kv"]),
+    Axis("skv", tile_values(DEFAULT_TILES["kv"]), lambda c, t: _each_length(c.seq_lens, t["kv"]),
          required=tile_values(DEFAULT_TILES["kv"]),
          doc="keys relative to every KV tile: tiles ending at, one before, one after skv"),
     Axis("window", ("none", "1", "<tile", "=tile", "not-tile-multiple", "no-op", "cuts-cache",
@@ -262,12 +291,17 @@ AXES: tuple[Axis, ...] = (
     Axis("cache-outside", ("nan-past-skv", "tight", "clean-left-of-window", "nan-left-of-window",
                            "inf-left-of-window", "other-sequence-slots"), _cache,
          required=("nan-past-skv", "clean-left-of-window", "nan-left-of-window",
-                   "inf-left-of-window"),
-         future=("other-sequence-slots",),
+                   "inf-left-of-window", "other-sequence-slots"),
          doc="what the cache holds where no row may look: canaries past skv, evicted slots left "
-             "of the window; other sequences' slots once batches are ragged (future)"),
+             "of the window, a ragged batch's slots past a sequence's own length"),
     Axis("batch", ("1", ">1"), lambda c, t: {"1" if c.B == 1 else ">1"}, required=("1", ">1"),
          doc="batch size: per-batch offsets of q, out and the padded cache"),
+    Axis("lengths", ("uniform", "ragged", "past-differs", "padded-rows", "fully-padded",
+                     "empty-cache-beside"), _lengths,
+         required=("uniform", "ragged", "past-differs", "padded-rows", "fully-padded",
+                   "empty-cache-beside"),
+         doc="one past_len for the batch, or per-sequence lengths: different caches, padded "
+             "query rows, a sequence with no valid row, an empty cache beside full ones"),
     Axis("dtype", ("fp16", "fp32", "bf16"), lambda c, t: {c.dtype},
          required=("fp16", "fp32", "bf16"), doc="input dtype"),
 )
@@ -289,6 +323,10 @@ PAIRS: tuple[Pair, ...] = (
          doc="skipped tiles must neither drop nor repeat the sink term"),
     Pair("batch", "window", ((">1", "cuts-cache"),),
          doc="per-batch cache offsets under a window's start-tile clamp"),
+    Pair("lengths", "window", (("past-differs", "cuts-cache"),),
+         doc="a window that cuts some sequences' caches: each sequence's own start tile"),
+    Pair("lengths", "dtype", (("padded-rows", "bf16"),),
+         doc="the bf16 epilogue must write a ragged batch's padded rows as zeros too"),
 )
 
 AXIS_BY_NAME = {a.name: a for a in AXES}

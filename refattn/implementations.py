@@ -35,14 +35,22 @@ from typing import Callable
 DEFAULT_IN = ("reports/implementations", "reports/gpu/h200.json")
 DEFAULT_OUT = "docs/implementations.md"
 
+def _longest_past(p: dict) -> int:
+    """A result's past_len: the int, or a ragged batch's longest."""
+    past = p.get("past_len", 0)
+    return max(past) if isinstance(past, list) else int(past)
+
+
 # name -> (column title, predicate over a result's "params")
 FEATURES: dict[str, tuple[str, Callable[[dict], bool]]] = {
     "sink": ("per-head sink", lambda p: p.get("sink") == "per_head"),
     "smooth": ("smooth softmax", lambda p: p.get("sink") == "smooth"),
     "window": ("window (local_window_size)", lambda p: int(p.get("window", -1)) > 0),
-    "chunked": ("chunk over a cache (past_len > 0)", lambda p: int(p.get("past_len", 0)) > 0),
+    "chunked": ("chunk over a cache (past_len > 0)", lambda p: _longest_past(p) > 0),
     "gqa": ("GQA (Hq > Hkv)", lambda p: int(p.get("Hq", 1)) > int(p.get("Hkv", 1))),
-    "batch_cache": ("B > 1 with a cache", lambda p: int(p.get("B", 1)) > 1 and int(p.get("past_len", 0)) > 0),
+    "batch_cache": ("B > 1 with a cache", lambda p: int(p.get("B", 1)) > 1 and _longest_past(p) > 0),
+    "ragged": ("ragged batch (per-sequence lengths)",
+               lambda p: isinstance(p.get("past_len"), list) or p.get("q_len") is not None),
     "softcap": ("softcap", lambda p: float(p.get("softcap") or 0) > 0),
     "evicted": ("NaN/inf in slots no row sees", lambda p: (p.get("cache_fill") or "clean") != "clean"),
     "offset": ("logit offset", lambda p: float(p.get("logit_offset") or 0) != 0),

@@ -27,6 +27,9 @@ and optional ones, each of which unlocks a check (:data:`OPTIONAL`):
                                                  (never the default kernel of ``refattn run``)
     needs_variant = True                         it is named only as ``name:variant`` (a library
                                                  path, a spec file): never the default either
+    ragged = True                                it takes ragged batches (``inputs.past_len`` and
+                                                 ``inputs.q_len`` arrays); without it the runner
+                                                 never gives it a ragged case
 
 ``run`` gets a :class:`refattn.cases.Inputs`; it writes into ``inputs.out`` and returns it,
 or returns its own array (the reference does, to keep fp32). On a decline it must not touch
@@ -74,6 +77,7 @@ OPTIONAL = {
     "tile_sizes": "refattn cases --coverage --tiles-of: the Sq and skv axes against its tiles",
     "peer": "refattn run picks it only when named: it is a peer to compare against",
     "needs_variant": "refattn run picks it only when named with its variant (a library, a spec)",
+    "ragged": "refattn run: ragged cases (per-sequence lengths) run on it instead of being declined",
 }
 
 

@@ -17,7 +17,8 @@ makes on these very inputs. A kernel passes iff
     maxabs(kernel) <= 2 * maxabs(baseline) + FLOOR_ABS * max|expected|
 
 The floors only matter when the baseline is exact (e.g. window = 1, where P is 0 or 1);
-they are one fp16 rounding step, so a correct kernel still fits. The seed harness's fixed gate
+they are one rounding step of the baseline's format (fp16; bf16 for a bf16 kernel, whose
+baseline rounds P and the output through bf16, ``lowp``), so a correct kernel still fits. The seed harness's fixed gate
 (relL2 <= 0.01) is reported next to it; the mutant kill matrix shows what it lets through.
 """
 
@@ -28,9 +29,18 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-FP16_EPS = 2.0**-10  # spacing of fp16 numbers in [1, 2)
+from refattn.lowp import EPS, check_lowp
+
+FP16_EPS = EPS["fp16"]  # spacing of fp16 numbers in [1, 2)
 FLOOR_REL = FP16_EPS / 8  # ~1.2e-4: below the relL2 of one fp16 rounding of random data
 FLOOR_ABS = FP16_EPS / 2  # half an ulp at the output's largest magnitude
+
+
+def floors(lowp: str = "fp16") -> tuple[float, float]:
+    """The gate's (relative, absolute) floors for a baseline in ``lowp``: an eighth and a half
+    of that format's spacing in [1, 2) (FLOOR_REL and FLOOR_ABS for fp16)."""
+    eps = EPS[check_lowp(lowp)]
+    return eps / 8, eps / 2
 SEED_GATE_REL_L2 = 0.01  # the original harness's fixed threshold
 
 
@@ -149,7 +159,7 @@ class Comparison:
             lines.append(f"Max absolute difference: {self.max_abs:.6g} at (b, h, row, col) = "
                          f"{self.max_abs_at}: actual {self.actual_at:.6g}, expected {self.expected_at:.6g}")
             lines.append(f"relL2: {self.rel_l2:.6g} (gate {self.gate_rel_l2:.6g} = 2 x baseline "
-                         f"{self.baseline_rel_l2:.3g} + floor {FLOOR_REL:.3g})")
+                         f"{self.baseline_rel_l2:.3g} + floor)")
             lines.append(f"max-abs: {self.max_abs:.6g} (gate {self.gate_max_abs:.6g} = 2 x baseline "
                          f"{self.baseline_max_abs:.3g} + floor)")
         lines.append(f"seed gate (relL2 <= {SEED_GATE_REL_L2}): {'pass' if self.seed_passed else 'fail'}")
@@ -174,9 +184,11 @@ def _check_real(name: str, x) -> None:
         raise ValueError(f"{name}: expected real numbers (a float array), got dtype {dt}")
 
 
-def compare(actual, expected, baseline) -> Comparison:
+def compare(actual, expected, baseline, lowp: str = "fp16") -> Comparison:
     """Judge ``actual`` against ``expected`` (fp64 reference) with the gate derived from
-    ``baseline`` (the low-precision baseline on the same inputs). All ``(B, Sq, Hq, d)``."""
+    ``baseline`` (the low-precision baseline on the same inputs, rounded through ``lowp``,
+    which sets the floors). All ``(B, Sq, Hq, d)``."""
+    floor_rel, floor_abs = floors(lowp)
     for name, x in (("actual", actual), ("expected", expected), ("baseline", baseline)):
         _check_real(name, x)
     e = np.asarray(expected, dtype=np.float64)
@@ -186,8 +198,8 @@ def compare(actual, expected, baseline) -> Comparison:
     if not base.finite:
         raise ValueError("baseline: the low-precision baseline must be finite")
     scale = float(np.abs(e).max()) if e.size else 0.0
-    gate_rel = 2.0 * base.rel_l2 + FLOOR_REL
-    gate_abs = 2.0 * base.max_abs + FLOOR_ABS * scale
+    gate_rel = 2.0 * base.rel_l2 + floor_rel
+    gate_abs = 2.0 * base.max_abs + floor_abs * scale
     st = error_stats(actual, e)
     if st.finite:
         n_mismatch = int((np.abs(np.asarray(actual, dtype=np.float64) - e) > gate_abs).sum())
@@ -205,10 +217,10 @@ def compare(actual, expected, baseline) -> Comparison:
     )
 
 
-def assert_close(actual, expected, baseline) -> Comparison:
+def assert_close(actual, expected, baseline, lowp: str = "fp16") -> Comparison:
     """pytest helper: raise AssertionError with the full failure message unless it passes."""
     __tracebackhide__ = True
-    c = compare(actual, expected, baseline)
+    c = compare(actual, expected, baseline, lowp)
     if not c.passed:
         raise AssertionError(c.failure_message())
     return c

@@ -72,6 +72,18 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("max_floor",
        "the running max starts at a finite floor (-1e4 in exp2 units) instead of -inf: a row "
        "whose logits all lie far below it gets p = 0, l = 0 and output 0"),
+    _m("ragged_max_diag",
+       "in a ragged batch every sequence takes the longest sequence's lengths: row i sits at "
+       "max_b(past_len[b]) + i and reads keys up to max_b(past_len[b] + q_len[b]), past its "
+       "own cache (a diagonal from the batch's maximum)"),
+    _m("padded_row_next_seq",
+       "a padded row (i >= q_len[b]) is computed as a row at past_len[b] + i against the next "
+       "sequence's cache (b + 1 mod B) and stored, instead of written as zeros"),
+    _m("padding_not_written",
+       "padded rows (i >= q_len[b]) are skipped: the output keeps what it held there"),
+    _m("bf16_p_as_fp16",
+       "in a bf16 kernel P is converted with the fp16 conversion and read back as bf16 by P.V: "
+       "every weight's bit pattern is an fp16 one taken for a bf16 one"),
 )
 
 _BY_NAME = {m.name: m for m in MUTANTS}

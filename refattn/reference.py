@@ -46,6 +46,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from refattn.args import Attn, check_attention_args, check_dtype, parse_count
+from refattn.lowp import check_lowp, round_lowp
 
 # Scratch budget for one block's score matrix (G x rows x keys). Sets the query block size.
 _SCRATCH_BYTES = 8 * 2**20
@@ -96,16 +97,18 @@ def attention(q, k, v, *, past_len, q_len=None, window=-1, sink=None, smooth_sof
 
 
 def attention_with_baseline(q, k, v, *, past_len, q_len=None, window=-1, sink=None,
-                            smooth_softmax=False, softcap=0.0,
-                            scale=None) -> tuple[np.ndarray, np.ndarray]:
+                            smooth_softmax=False, softcap=0.0, scale=None,
+                            lowp: str = "fp16") -> tuple[np.ndarray, np.ndarray]:
     """The fp64 reference and, from the same scores, the low-precision baseline of the
-    tolerance model (docs/semantics.md): P = e^(s - m) rounded to fp16 before P.V, the denominator
-    from unrounded P, and the output rounded to fp16 (returned as float64). Ragged arguments
-    as in :func:`attention`; padded rows are 0 in both."""
+    tolerance model (docs/semantics.md): P = e^(s - m) rounded to ``lowp`` (fp16, or bf16
+    for a bf16 kernel) before P.V, the denominator from unrounded P, and the output rounded
+    to ``lowp`` (returned as float64). Ragged arguments as in :func:`attention`; padded rows
+    are 0 in both."""
+    check_lowp(lowp)
     a = check_attention_args(q, k, v, past_len=past_len, q_len=q_len, window=window, sink=sink,
                              smooth_softmax=smooth_softmax, softcap=softcap, scale=scale,
                              allow_ragged=True)
-    return _attention(a, q, k, v, np.dtype(np.float64), with_baseline=True)
+    return _attention(a, q, k, v, np.dtype(np.float64), with_baseline=True, lowp=lowp)
 
 
 def attention_lowp(q, k, v, **kw) -> np.ndarray:
@@ -122,7 +125,7 @@ def _rows_per_block(G: int, n_keys: int, itemsize: int, window: int) -> int:
     return int(min(_MAX_ROWS, max(_MIN_ROWS, rows)))
 
 
-def _attention(a: Attn, q, k, v, dt: np.dtype, with_baseline: bool):
+def _attention(a: Attn, q, k, v, dt: np.dtype, with_baseline: bool, lowp: str = "fp16"):
     B, Sq, Hq, d, G = a.B, a.Sq, a.Hq, a.d, a.G
     W = a.window
     out = np.zeros((B, Sq, Hq, d), dtype=dt)
@@ -152,7 +155,7 @@ def _attention(a: Attn, q, k, v, dt: np.dtype, with_baseline: bool):
         vh = np.asarray(v[b, h, k_lo:skv], dtype=dt)
         sg = None if sink is None else sink[heads]
         for i0, i1 in blocks:
-            o, ob = _block(a, past, qh[:, i0:i1], kh, vh, k_lo, sg, i0, i1, dt, with_baseline)
+            o, ob = _block(a, past, qh[:, i0:i1], kh, vh, k_lo, sg, i0, i1, dt, with_baseline, lowp)
             out[b, i0:i1, heads, :] = o.transpose(1, 0, 2)
             if with_baseline:
                 base[b, i0:i1, heads, :] = ob.transpose(1, 0, 2)
@@ -263,11 +266,12 @@ def _softmax_in_place(s, sink):
 
 
 def _block(a: Attn, past: int, qb, kh, vh, k_lo: int, sink, i0: int, i1: int, dt,
-           with_baseline: bool):
+           with_baseline: bool, lowp: str = "fp16"):
     """Rows [i0, i1) of the G heads in ``qb: (G, rows, d)`` (already scaled), at positions
     ``past + i``, against their key band. ``kh, vh`` hold keys [k_lo, skv) of the sequence.
 
-    The baseline (``with_baseline``) rounds P to fp16 before P.V and the output to fp16. Where
+    The baseline (``with_baseline``) rounds P to ``lowp`` before P.V and the output to
+    ``lowp``. Where
     a row's max logit exceeds :data:`FP32_LOGITS_ABOVE` in magnitude, the block's logits are
     fp32 dot products of the fp32-rounded scaled q and k (:func:`_fp32_dots`, the softcap in
     fp32 too): what an fp32-accumulating kernel can resolve there (docs/semantics.md,
@@ -290,8 +294,7 @@ def _block(a: Attn, past: int, qb, kh, vh, k_lo: int, sink, i0: int, i1: int, dt
             s = _masked_scores(a, qb.astype(f32), kb, p0, p1, lo, hi, f32, fp32_dots=True)
             s = s.astype(np.float64)
             _, empty, l_safe = _softmax_in_place(s, sink)
-        p16 = s.astype(np.float16).astype(np.float64)
-        ob = _pv(p16, vb) / l_safe[:, :, None]
+        ob = _pv(round_lowp(s, lowp), vb) / l_safe[:, :, None]
         ob[empty] = 0
-        ob = ob.astype(np.float16).astype(np.float64)
+        ob = round_lowp(ob, lowp)
     return o, ob

@@ -15,6 +15,9 @@ outcome                when
 ``error``              the kernel (or the reference) raised
 =====================  ==========================================================
 
+A ragged case (sequences with their own lengths) is only run on an adapter that declares
+``ragged = True``; any other is reported ``declined`` without being called.
+
 Only ``pass`` and ``declined`` are acceptable. The kernel is judged against the fp64
 reference and the low-precision baseline of the same clean inputs
 (``refattn.reference.attention_with_baseline``, ``refattn.metrics.compare``). Both depend
@@ -96,7 +99,8 @@ class _CaseLRU:
 class ReferenceCache(_CaseLRU):
     """LRU cache of ``case -> (fp64 reference, low-precision baseline)``, bounded in bytes.
 
-    The baseline is rounded to fp16 by construction, so it is stored as float16 (lossless).
+    The baseline is rounded to fp16 (bf16 for a bf16 case) by construction, so it is stored
+    as float16 (float32 for bf16), losslessly.
     Cached arrays are read-only. Budget: ``$REFATTN_REF_CACHE_MB`` (default 2048 MB; the seed
     suite needs about 0.5 GB)."""
 
@@ -109,8 +113,9 @@ class ReferenceCache(_CaseLRU):
             return hit
         inputs = inputs if inputs is not None else make_inputs(case)
         k, v = inputs.clean_kv()
-        ref, base = attention_with_baseline(inputs.q, k, v, **inputs.reference_kwargs())
-        base = base.astype(np.float16)
+        ref, base = attention_with_baseline(inputs.q, k, v, lowp=case.lowp,
+                                            **inputs.reference_kwargs())
+        base = base.astype(np.float16 if case.lowp == "fp16" else np.float32)
         for a in (ref, base):
             a.flags.writeable = False
         self._store(case, (ref, base), ref.nbytes + base.nbytes)
@@ -287,6 +292,13 @@ def run_case(kernel, case: Case, *, cache: ReferenceCache | None = None,
     params["describe"] = case.describe()
     res = Result(case=case.name, suite=case.suite, outcome="error",
                  seed_contract=case.seed_contract, params=params)
+    if case.ragged and not getattr(kernel, "ragged", False):
+        # An adapter written for one past_len would read the lengths as a uniform batch's:
+        # it is not run on a ragged case at all.
+        res.outcome, res.supported = "declined", False
+        res.note = ("not run: a ragged batch, and the adapter does not declare ragged = True "
+                    "(docs/adapters.md)")
+        return res
     need, have = case.host_bytes, host_memory_bytes()
     if have is not None and need > have:
         res.note = (f"needs about {need / 2**30:.1f} GiB of host memory (inputs, output, fp64 "
@@ -369,7 +381,7 @@ def run_case(kernel, case: Case, *, cache: ReferenceCache | None = None,
         res.note = f"returned {got}, expected a float array of shape {want} (B, Sq, Hq, d)"
         return res
 
-    c = compare(arr, expected, baseline)
+    c = compare(arr, expected, baseline, case.lowp)
     res.comparison = c
     res.outcome = "pass" if c.passed else "fail"
     res.rel_l2, res.max_abs, res.max_abs_at = c.rel_l2, c.max_abs, c.max_abs_at

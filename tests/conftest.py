@@ -9,7 +9,7 @@ Options:
                     name:variant, package.module:Class or path/to/file.py:Class). Default:
                     ``model`` plus every registered GPU kernel (skipped, with the reason,
                     where it cannot run).
-    --suite NAME    suite(s) for the matrix, repeatable. Default: seed, extended, contracts.
+    --suite NAME    suite(s) for the matrix, repeatable. Default: seed, extended, contracts, ragged, bf16.
 
 Several GPUs: ``pytest -n auto --dist loadgroup`` (pytest-xdist) runs one worker per visible
 GPU, each pinned to its own device before any backend initialises, and keeps every case of one
@@ -40,7 +40,8 @@ if str(ROOT) not in sys.path:  # run from a source tree: refattn, hipkernel, tes
 
 from refattn import pytest_plugin  # noqa: E402 - after the path, for a bare source tree
 
-DEFAULT_SUITES = pytest_plugin.DEFAULT_SUITES
+# The plugin's defaults, plus what serving runs: ragged batches and bf16.
+DEFAULT_SUITES = (*pytest_plugin.DEFAULT_SUITES, "ragged", "bf16")
 DEFAULT_KERNEL = "model"
 
 

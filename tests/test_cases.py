@@ -303,5 +303,16 @@ def test_flops_count_exactly_the_visible_pairs(past, sq, window):
     c = _case(past_len=past, sq=sq, window=window, B=2, Hq=4, d=16)
     p = np.arange(past, past + sq)[:, None]
     j = np.arange(past + sq)[None, :]
-    pairs = int(visible(p, j, window).sum())
-    assert c.visible_pairs == pairs and c.flops == 4 * 2 * 4 * 16 * pairs
+    pairs = int(visible(p, j, window).sum())  # per sequence; the batch holds two
+    assert c.visible_pairs == 2 * pairs and c.flops == 4 * 2 * 4 * 16 * pairs
+
+
+def test_ragged_flops_count_each_sequence_own_rows():
+    from refattn import visible
+
+    c = _case(past_len=[0, 40, 7], q_len=[5, 0, 3], sq=5, window=4, B=3, Hq=4, d=16)
+    pairs = 0
+    for past, n in zip((0, 40, 7), (5, 0, 3)):
+        p = np.arange(past, past + n)[:, None]
+        pairs += int(visible(p, np.arange(past + n)[None, :], 4).sum())
+    assert c.visible_pairs == pairs and c.flops == 4 * 4 * 16 * pairs
