@@ -11,8 +11,16 @@ Two levels:
 The contract (docs/semantics.md, Kernel contract): the decline decision is made here, on the host, before any device
 call, so it is testable without a GPU. A decline launches nothing and leaves ``out``
 byte-identical. It declines what the kernel does not implement: a head dim outside
-``HEAD_DIMS``, ``softcap > 0``, a dtype other than fp16. Invalid arguments are not declines:
-they raise ``ValueError`` naming the argument.
+``HEAD_DIMS``, ``softcap > 0``, a dtype other than fp16 and bf16. Invalid arguments are not
+declines: they raise ``ValueError`` naming the argument.
+
+Ragged batches (docs/semantics.md, Ragged batches): ``past_len`` per sequence and ``q_len``
+(valid rows of each sequence, right-padded to Sq) go to the kernel as two int32 device
+arrays (``past_lens``, ``q_lens``; null for a uniform one). Sequence b's rows i < q_len[b]
+sit at past_len[b] + i and read only its first past_len[b] + q_len[b] keys; its padded rows
+come back as zeros. A config that copies with TMA (``KernelConfig.tma``) bounds every
+sequence by one tensor-map row count, so a ragged call refuses it and the tuner does not
+offer it there.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from hipkernel.autotune import TUNER, tune_key
-from hipkernel.config import (DEFAULT, HEAD_DIMS, PATH_NEEDS, KernelConfig, candidates,
+from hipkernel.config import (DEFAULT, DTYPES, HEAD_DIMS, PATH_NEEDS, KernelConfig, candidates,
                               default_config, runs_path)
 from refattn.args import FP32_MAX, FP32_TINY, check_attention_args
 from refattn.mutants import by_name as _mutant_by_name
@@ -43,7 +51,7 @@ KERNEL_FILES = {"scalar": KERNEL_FILE, "mma": KERNEL_DIR / "gqa_flash_prefill_mm
                 "wmma": KERNEL_DIR / "gqa_flash_prefill_amdmma.hip",
                 "mfma": KERNEL_DIR / "gqa_flash_prefill_amdmma.hip"}
 KERNEL_NAME = "gqa_flash_prefill"  # the entry point of every path
-SUPPORTED_DTYPES = ("fp16",)
+SUPPORTED_DTYPES = DTYPES  # ("fp16", "bf16"): q, k, v and out; the sink is fp16 in both
 _SINK_MODES = {"none": 0, "per_head": 1, "smooth": 2}
 
 
@@ -93,8 +101,10 @@ def source_hash() -> str:
     return h.hexdigest()
 
 
-def kernel_defines(d: int, config: KernelConfig, mutants=frozenset()) -> dict:
-    defines = dict(config.defines(d))
+def kernel_defines(d: int, config: KernelConfig, mutants=frozenset(), dtype: str = "fp16") -> dict:
+    """The ``-D`` macros of ``config`` at head dim ``d`` for ``dtype`` inputs (bf16 adds
+    ``HK_BF16=1``), with each mutant's macro."""
+    defines = dict(config.defines(d, dtype))
     for name in sorted(mutants):
         defines[_mutant_by_name(name).macro] = 1
     return defines
@@ -120,17 +130,19 @@ def kv_tensor_maps(backend, config: KernelConfig, *, k, v, B: int, Hkv: int, d: 
 
 def kernel_args(backend, config: KernelConfig, *, q, k, v, sink, out, B: int, Sq: int, Hq: int,
                 Hkv: int, d: int, S_cap: int, past_len: int, window: int, sink_mode: int,
-                scale: float, mutants=frozenset()) -> list[tuple]:
+                scale: float, past_lens=0, q_lens=0, mutants=frozenset()) -> list[tuple]:
     """The kernel ABI's argument list (docs/ARCHITECTURE.md "Kernel ABI") of ``config`` on
-    device buffers: the thirteen arguments of every path (``sink_mode`` the ABI's integer,
-    ``sink`` 0 unless it is 1), plus the tensor maps of a config that copies with TMA
-    (``kv_tensor_maps``, built for ``mutants``)."""
+    device buffers: the fifteen arguments of every path (``sink_mode`` the ABI's integer,
+    ``sink`` 0 unless it is 1; ``past_lens`` and ``q_lens`` the device arrays of a ragged
+    call, 0 (null) for a uniform one), plus the tensor maps of a config that copies with TMA
+    (``kv_tensor_maps``, built for ``mutants``; such a config runs uniform calls only)."""
     return [
         (ctypes.c_void_p, q), (ctypes.c_void_p, k), (ctypes.c_void_p, v),
         (ctypes.c_void_p, sink if sink_mode == 1 else 0), (ctypes.c_void_p, out),
         (ctypes.c_int32, Sq), (ctypes.c_int32, Hq), (ctypes.c_int32, Hkv),
         (ctypes.c_int32, S_cap), (ctypes.c_int32, past_len), (ctypes.c_int32, window),
         (ctypes.c_int32, sink_mode), (ctypes.c_float, scale),
+        (ctypes.c_void_p, past_lens), (ctypes.c_void_p, q_lens),
     ] + kv_tensor_maps(backend, config, k=k, v=v, B=B, Hkv=Hkv, d=d, S_cap=S_cap,
                        skv=past_len + Sq, mutants=mutants)
 
@@ -215,21 +227,84 @@ def _check_config_for(config: KernelConfig | None, arch: str, d: int | None = No
 
 # --------------------------------------------------------------------------- device level
 
+def _check_lengths(name: str, x, B: int) -> np.ndarray:
+    """A per-sequence length argument given as a host integer sequence or array: shape (B,),
+    entries >= 0 and int32, as int64; else ValueError naming ``name``."""
+    try:
+        a = np.asarray(x)
+    except Exception:  # noqa: BLE001 - whatever numpy cannot take is not a length array
+        a = None
+    if a is None or a.dtype == np.bool_ or not np.issubdtype(a.dtype, np.integer):
+        raise ValueError(f"{name}: expected {'an int >= 0 or ' if name == 'past_len' else ''}a host "
+                         f"integer array of shape (B,) = ({B},), got {x!r}")
+    if a.shape != (B,):
+        raise ValueError(f"{name}: expected shape (B,) = ({B},) (one entry per sequence), got {a.shape}")
+    if (a < 0).any():
+        b = int(np.flatnonzero(a < 0)[0])
+        raise ValueError(f"{name}: expected entries >= 0, got {int(a[b])} for sequence {b}")
+    if (a >= _INT32_LIMIT).any():
+        b = int(np.flatnonzero(a >= _INT32_LIMIT)[0])
+        raise ValueError(f"{name}: {int(a[b])} for sequence {b} does not fit the kernel's int32 lengths")
+    return a.astype(np.int64)
+
+
+def _resolve_lengths(past_len, q_len, *, B: int, Sq: int, S_cap: int):
+    """``(past_len, past_lens, q_lens)`` of a call: ``past_len`` the ABI's int (0 when it is
+    per sequence), ``past_lens`` / ``q_lens`` int64 arrays (B,), or None where uniform. A
+    past_len array of one value is that int; a q_len of Sq everywhere is None; so a call
+    with neither left is the uniform one. ValueError naming the argument for a wrong length,
+    a negative entry, q_len > Sq, a cache that holds fewer keys than a sequence, or a
+    position beyond int32."""
+    if isinstance(past_len, numbers.Integral) and not isinstance(past_len, bool):
+        past, pasts = _check_int("past_len", past_len, 0), None
+    else:
+        pasts = _check_lengths("past_len", past_len, B)
+        past = int(pasts[0])
+        if (pasts == past).all():
+            pasts = None
+    qs = None
+    if q_len is not None:
+        qs = _check_lengths("q_len", q_len, B)
+        if (qs > Sq).any():
+            b = int(np.flatnonzero(qs > Sq)[0])
+            raise ValueError(f"q_len: expected entries <= Sq = {Sq} (q holds Sq rows), got "
+                             f"{int(qs[b])} for sequence {b}")
+        if (qs == Sq).all():
+            qs = None
+    if pasts is None and qs is None:
+        if S_cap < past + Sq:
+            raise ValueError(f"S_cap: cache capacity {S_cap} < past_len + Sq = {past + Sq}")
+        return past, None, None
+    ends = (np.full(B, past, np.int64) if pasts is None else pasts) + (Sq if qs is None else qs)
+    b = int(np.argmax(ends))
+    if ends[b] >= _INT32_LIMIT:
+        raise ValueError(f"past_len: past_len[b] + q_len[b] = {int(ends[b])} for sequence {b} "
+                         f"does not fit the kernel's int32 positions")
+    if S_cap < ends[b]:
+        raise ValueError(f"S_cap: cache capacity {S_cap} < past_len[b] + q_len[b] = {int(ends[b])} "
+                         f"for sequence b = {b}")
+    return (0 if pasts is not None else past), pasts, qs
+
+
 def flash_prefill_v3(backend, q, k, v, sink, out, *, B: int, Sq: int, Hq: int, Hkv: int, d: int,
-                     S_cap: int, past_len: int, window: int = -1, sink_mode: str = "none",
+                     S_cap: int, past_len, q_len=None, window: int = -1, sink_mode: str = "none",
                      scale: float | None = None, softcap: float = 0.0, dtype: str = "fp16",
                      config: KernelConfig | dict | None = None, mutants=frozenset()) -> int:
     """Fused GQA flash prefill on device buffers (``q (B,Sq,Hq,d)``, ``k, v (B,Hkv,S_cap,d)``,
-    ``sink (Hq,)`` fp16 or 0, ``out (B,Sq,Hq,d)``). Returns 0, or -1 when it declines, in
-    which case nothing is launched and ``out`` is untouched."""
+    ``sink (Hq,)`` fp16 or 0, ``out (B,Sq,Hq,d)``; q, k, v, out fp16, or bf16 with
+    ``dtype="bf16"``). ``past_len``: an int, or a host integer sequence of shape (B,) (one
+    past_len per sequence); ``q_len``: None (Sq rows each) or a host integer sequence (B,) of
+    valid rows, ``0 <= q_len[b] <= Sq``, the rest padding that comes back as zeros; the cache
+    holds ``S_cap >= max_b(past_len[b] + q_len[b])`` keys. A ragged call uploads the lengths
+    into a small device buffer for the launch and frees it after the synchronize. Returns 0,
+    or -1 when it declines, in which case nothing is launched and ``out`` is untouched."""
     B, Sq, Hq, Hkv, d = (_check_int(n, x, 1) for n, x in
                          (("B", B), ("Sq", Sq), ("Hq", Hq), ("Hkv", Hkv), ("d", d)))
-    past_len = _check_int("past_len", past_len, 0)
     S_cap = _check_int("S_cap", S_cap, 1)
+    past_len, past_lens, q_lens = _resolve_lengths(past_len, q_len, B=B, Sq=Sq, S_cap=S_cap)
+    ragged = past_lens is not None or q_lens is not None
     if Hq % Hkv:
         raise ValueError(f"Hkv: Hq={Hq} is not a multiple of Hkv={Hkv}")
-    if S_cap < past_len + Sq:
-        raise ValueError(f"S_cap: cache capacity {S_cap} < past_len + Sq = {past_len + Sq}")
     if not isinstance(window, numbers.Integral) or window == 0 or window < -1:
         raise ValueError(f"window: expected -1 (no window) or W >= 1, got {window!r}")
     if sink_mode not in _SINK_MODES:
@@ -255,31 +330,62 @@ def flash_prefill_v3(backend, q, k, v, sink, out, *, B: int, Sq: int, Hq: int, H
         return -1  # decided before any device call: nothing launched, out untouched
     G = Hq // Hkv
     _check_config_for(config, backend.arch, d, G)
+    if ragged and config is not None and config.tma:
+        raise ValueError(f"config: {config.name} copies its K/V tiles with TMA, whose tensor maps "
+                         f"bound every sequence by one key count; a ragged call (past_len or "
+                         f"q_len per sequence) needs a config without TMA")
     from hipkernel.backends import KernelArgs  # backends only once a launch is needed
 
-    def prepare(cfg: KernelConfig, mode: int, kv=(k, v, S_cap, past_len)):
+    def prepare(cfg: KernelConfig, mode: int, kv=(k, v, S_cap, past_len), lens=(0, 0)):
         """A zero-argument launcher of ``cfg`` (on the cache ``kv`` = (k, v, S_cap,
-        past_len)): compiled and its arguments packed once."""
+        past_len), with the length arrays ``lens`` = (past_lens, q_lens), 0 for uniform):
+        compiled and its arguments packed once."""
         kb, vb, cap, past = kv
-        kern = backend.compile(kernel_source(cfg.path), kernel_defines(d, cfg, mutants), KERNEL_NAME)
+        kern = backend.compile(kernel_source(cfg.path), kernel_defines(d, cfg, mutants, dtype), KERNEL_NAME)
         args = KernelArgs(kernel_args(backend, cfg, q=q, k=kb, v=vb, sink=sink, out=out, B=B, Sq=Sq,
                                       Hq=Hq, Hkv=Hkv, d=d, S_cap=cap, past_len=past, window=window,
-                                      sink_mode=mode, scale=scale, mutants=mutants))
+                                      sink_mode=mode, scale=scale, past_lens=lens[0], q_lens=lens[1],
+                                      mutants=mutants))
         grid, block = cfg.grid(Sq, Hq, B), (cfg.threads, 1, 1)
         smem = cfg.dynamic_smem_bytes(d)
         return lambda: backend.launch(kern, grid, block, args, smem)
 
-    if config is None:
-        key = tune_key(d=d, sq=Sq, Hq=Hq, G=G, window=window, dtype=dtype, arch=backend.arch)
-        with TuningCache(backend, k, v, B=B, Hkv=Hkv, d=d, Sq=Sq, S_cap=S_cap,
-                         past_len=past_len) as kv:
-            # Tuning launches omit the sink: one FMA per row cannot reorder the candidates,
-            # and leaving it out keeps tuned configs comparable with the no-sink case.
-            config = TUNER.choose(key, lambda cfg: tune_times_ms(backend, prepare(cfg, 0, kv.get())),
-                                  candidates=candidates(backend.arch, d, G, window),
-                                  default=default_config(backend.arch))
-    prepare(config, _SINK_MODES[sink_mode])()
-    backend.synchronize()
+    lens_buf, lens = None, (0, 0)
+    try:
+        if ragged:  # one int32 buffer: past_lens, then q_lens (each only where per sequence)
+            parts = [x for x in (past_lens, q_lens) if x is not None]
+            host = np.concatenate(parts).astype(np.int32)
+            lens_buf = backend.alloc(host.nbytes)
+            backend.htod(lens_buf, host)
+            at = int(lens_buf)
+            lens = (at if past_lens is not None else 0,
+                    at + 4 * B * (past_lens is not None) if q_lens is not None else 0)
+        if config is None:
+            key = tune_key(d=d, sq=Sq, Hq=Hq, G=G, window=window, dtype=dtype, arch=backend.arch,
+                           ragged=ragged)
+            # A ragged call is timed as the uniform call of its geometry: Sq rows on a cache of
+            # its longest sequence's keys (past_len = that length - Sq, at least 0), without
+            # the length arrays; its candidates leave out the configs that copy with TMA.
+            tune_past = past_len
+            if ragged:
+                ends = ((np.full(B, past_len) if past_lens is None else past_lens)
+                        + (Sq if q_lens is None else q_lens))
+                tune_past = max(0, int(ends.max()) - Sq)
+            cands = candidates(backend.arch, d, G, window)
+            default = default_config(backend.arch)
+            if ragged:
+                cands = tuple(c for c in cands if not c.tma)
+            with TuningCache(backend, k, v, B=B, Hkv=Hkv, d=d, Sq=Sq, S_cap=S_cap,
+                             past_len=tune_past) as kv:
+                # Tuning launches omit the sink: one FMA per row cannot reorder the candidates,
+                # and leaving it out keeps tuned configs comparable with the no-sink case.
+                config = TUNER.choose(key, lambda cfg: tune_times_ms(backend, prepare(cfg, 0, kv.get())),
+                                      candidates=cands, default=default)
+        prepare(config, _SINK_MODES[sink_mode], lens=lens)()
+        backend.synchronize()
+    finally:
+        if lens_buf is not None:
+            backend.free(lens_buf)
     return 0
 
 
@@ -313,14 +419,20 @@ TUNE_SCRATCH_MAX_BYTES = 256 * 2**20  # larger scratch (huge B x Hkv): time on t
 class TuningCache:
     """The KV cache a sweep times on: ``(k, v, S_cap, past_len)`` of the call when it has at
     least :data:`TUNE_MIN_KV` keys, else a zeroed scratch cache of that many keys, allocated
-    at the first ``get()`` (only a sweep asks) and freed on exit."""
+    at the first ``get()`` (only a sweep asks) and freed on exit. A geometry the call's cache
+    cannot hold (the uniform stand-in of a ragged batch whose sequences all have fewer keys
+    than Sq rows) gets a scratch cache of just ``past_len + Sq`` keys where the
+    :data:`TUNE_MIN_KV` one is over :data:`TUNE_SCRATCH_MAX_BYTES`."""
 
     def __init__(self, backend, k, v, *, B: int, Hkv: int, d: int, Sq: int, S_cap: int, past_len: int):
         self.backend, self.real = backend, (k, v, S_cap, past_len)
         self.keys = TUNE_MIN_KV if past_len + Sq < TUNE_MIN_KV else None
-        self.nbytes = B * Hkv * (self.keys or 0) * d * 2  # fp16
+        self.nbytes = B * Hkv * (self.keys or 0) * d * 2  # 2 bytes an element: fp16 and bf16
         if self.nbytes > TUNE_SCRATCH_MAX_BYTES:
             self.keys = None
+        if self.keys is None and past_len + Sq > S_cap:
+            self.keys = past_len + Sq
+            self.nbytes = B * Hkv * self.keys * d * 2
         self.Sq = Sq
         self.bufs: list = []
 
@@ -391,30 +503,66 @@ def _check_buffer(name: str, a) -> None:
                          f"got strides {a.strides}")
 
 
-def attention(q, k, v, *, past_len, window=-1, sink=None, smooth_softmax=False, softcap=0.0,
-              scale=None, out=None, config=None, backend=None, mutants=frozenset()):
-    """The fused kernel on NumPy arrays: ``q (B,Sq,Hq,d)`` fp16, ``k, v (B,Hkv,S_cap,d)`` fp16
-    with ``S_cap >= past_len + Sq`` (a cache with spare capacity is fine; keys past
-    ``past_len + Sq`` are never read), ``sink (Hq,)`` or None. Returns ``(status, out)``:
-    ``(0, out)`` with ``out (B,Sq,Hq,d)`` fp16, or ``(-1, out)`` when declined, ``out``
-    untouched (None if none was given). ``backend``: a backend object or name ("cuda",
-    "hip"); default: the first that works. ``mutants`` is for the kill matrix only."""
-    a = check_attention_args(q, k, v, past_len=past_len, window=window, sink=sink,
+def _resolve_dtype(dtype, q, k, v) -> str:
+    """The kernel dtype of a NumPy-level call: ``dtype`` as given ("fp16" needs float16
+    arrays, "bf16" float32 arrays of bf16 values, every word's low 16 bits zero: ValueError
+    naming the array otherwise), or None: named from the arrays' dtype ("fp16" for float16;
+    anything else, which the contract declines, as "fp32", "fp64" or "mixed")."""
+    if dtype is None:
+        dtypes = {_dtype_name(x) for x in (q, k, v)}
+        return dtypes.pop() if len(dtypes) == 1 else "mixed"
+    if not isinstance(dtype, str):
+        raise ValueError(f"dtype: expected None or one of {SUPPORTED_DTYPES}, got {dtype!r}")
+    if dtype not in SUPPORTED_DTYPES:
+        return dtype  # declined (decline_reason)
+    want = np.float16 if dtype == "fp16" else np.float32
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.dtype != want:
+            raise ValueError(f"{name}: dtype {dtype} takes {np.dtype(want).name} arrays"
+                             f"{' holding bf16 values' if dtype == 'bf16' else ''}, got {x.dtype}")
+        if dtype == "bf16" and (x.view(np.uint32) & 0xFFFF).any():
+            raise ValueError(f"{name}: expected bf16 values (float32 with the low 16 bits of every "
+                             f"word zero)")
+    return dtype
+
+
+def _bf16_bits(x: np.ndarray) -> np.ndarray:
+    """The bf16 bit patterns (uint16) of float32 ``x``: each word's top half."""
+    return (x.view(np.uint32) >> 16).astype(np.uint16)
+
+
+def attention(q, k, v, *, past_len, q_len=None, window=-1, sink=None, smooth_softmax=False,
+              softcap=0.0, scale=None, out=None, config=None, backend=None, mutants=frozenset(),
+              dtype=None):
+    """The fused kernel on NumPy arrays: ``q (B,Sq,Hq,d)``, ``k, v (B,Hkv,S_cap,d)`` with
+    ``S_cap >= past_len + Sq`` (a cache with spare capacity is fine; keys past
+    ``past_len + Sq`` are never read), ``sink (Hq,)`` or None. ``dtype``: None or "fp16"
+    (float16 arrays; None declines any other), or "bf16" (float32 arrays holding bf16
+    values: every word's low 16 bits zero; they go to the device as the top 16 bits).
+    Ragged (docs/semantics.md, Ragged batches): ``past_len`` an integer array (B,) and
+    ``q_len`` an integer array (B,) of valid rows; padded rows come back as zeros. Returns
+    ``(status, out)``: ``(0, out)`` with ``out (B,Sq,Hq,d)`` float16 (bf16: float32 holding
+    the bf16 values), or ``(-1, out)`` when declined, ``out`` untouched (None if none was
+    given). A given ``out`` (float16; bf16: float32) seeds the device output, so an element
+    the kernel does not write keeps its value (bf16: its top 16 bits); without one the
+    device output starts as NaN (every byte 0xFF). ``backend``: a backend object or name
+    ("cuda", "hip"); default: the first that works. ``mutants`` is for the kill matrix only."""
+    a = check_attention_args(q, k, v, past_len=past_len, q_len=q_len, window=window, sink=sink,
                              smooth_softmax=smooth_softmax, softcap=softcap, scale=scale,
-                             allow_cache_capacity=True)
+                             allow_cache_capacity=True, allow_ragged=True)
     for name, x in (("q", q), ("k", k), ("v", v)):
         _check_buffer(name, x)
+    dtype = _resolve_dtype(dtype, q, k, v)
+    held = np.float32 if dtype == "bf16" else np.float16  # what out holds
     if out is not None:
-        if not isinstance(out, np.ndarray) or out.shape != q.shape or out.dtype != np.float16:
-            raise ValueError(f"out: expected a float16 array of shape {q.shape}, got "
+        if not isinstance(out, np.ndarray) or out.shape != q.shape or out.dtype != held:
+            raise ValueError(f"out: expected a {np.dtype(held).name} array of shape {q.shape}, got "
                              f"{getattr(out, 'dtype', type(out).__name__)} {getattr(out, 'shape', '')}")
         _check_buffer("out", out)
         if not out.flags.writeable:
             raise ValueError("out: expected a writeable array")
     _check_int32_sizes(Sq=a.Sq, Hq=a.Hq, S_cap=k.shape[2], past_len=a.skv, window=a.window)
     config = _check_config(config)
-    dtypes = {_dtype_name(x) for x in (q, k, v)}
-    dtype = dtypes.pop() if len(dtypes) == 1 else "mixed"
     if decline_reason(d=a.d, softcap=a.softcap, dtype=dtype) is not None:
         return -1, out
 
@@ -431,24 +579,37 @@ def attention(q, k, v, *, past_len, window=-1, sink=None, smooth_softmax=False, 
     be = backend if backend is not None and not isinstance(backend, str) else get_backend(backend)
     _check_config_for(config, be.arch, a.d, a.G)
     S_cap = k.shape[2]
+    if dtype == "bf16":
+        q, k, v = (_bf16_bits(x) for x in (q, k, v))
+    past = np.asarray(a.past_lens, np.int64) if a.ragged else a.past_len
+    lens = np.asarray(a.q_lens, np.int64) if a.ragged else None
     bufs = {}
     try:
         for name, arr in (("q", q), ("k", k), ("v", v), ("sink", sink16)):
             if arr is not None:
                 bufs[name] = be.alloc(arr.nbytes)
                 be.htod(bufs[name], arr)
-        bufs["out"] = be.alloc(q.nbytes)
+        nbytes = q.size * 2
+        bufs["out"] = be.alloc(nbytes)
         if out is not None:  # the caller's bytes: an element the kernel misses keeps them
-            be.htod(bufs["out"], out)
+            be.htod(bufs["out"], out if dtype == "fp16" else _bf16_bits(out))
+        else:
+            be.memset(bufs["out"], 0xFF, nbytes)
         status = flash_prefill_v3(
             be, bufs["q"], bufs["k"], bufs["v"], bufs.get("sink", 0), bufs["out"],
-            B=a.B, Sq=a.Sq, Hq=a.Hq, Hkv=a.Hkv, d=a.d, S_cap=S_cap, past_len=a.past_len,
+            B=a.B, Sq=a.Sq, Hq=a.Hq, Hkv=a.Hkv, d=a.d, S_cap=S_cap, past_len=past, q_len=lens,
             window=a.window, sink_mode=a.sink_mode, scale=a.scale, softcap=a.softcap,
             dtype=dtype, config=config, mutants=mutants)
         if status != 0:
             return status, out
-        result = out if out is not None else np.empty(q.shape, dtype=np.float16)
-        be.dtoh(result, bufs["out"])
+        if dtype == "fp16":
+            result = out if out is not None else np.empty(q.shape, dtype=np.float16)
+            be.dtoh(result, bufs["out"])
+            return status, result
+        bits = np.empty(q.shape, dtype=np.uint16)
+        be.dtoh(bits, bufs["out"])
+        result = out if out is not None else np.empty(q.shape, dtype=np.float32)
+        result.view(np.uint32)[...] = bits.astype(np.uint32) << 16
         return status, result
     finally:
         for ptr in bufs.values():

@@ -5,10 +5,14 @@ same key reuse the winner. The candidates depend on the target (``config.candida
 the mma path only on NVIDIA sm_80+), so the caller passes them per call; the key holds the
 arch, so a cached winner is always one of its target's candidates.
 
-Key = (d, sq, Hq, G, window, dtype, arch). ``skv``/``past_len`` are deliberately NOT in
-the key: keyed on them, a chunked 16k prefill (32 chunks of 512) would run 32 sweeps; keyed
+Key = (d, sq, Hq, G, window, dtype, arch, ragged). ``skv``/``past_len`` are deliberately NOT
+in the key: keyed on them, a chunked 16k prefill (32 chunks of 512) would run 32 sweeps; keyed
 this way it runs one, at the first chunk. The window IS in the key: it caps
 the number of KV tiles a block walks, a different work profile that can change the winner.
+``ragged`` (per-sequence past_len / q_len) is in the key, the lengths are not: a ragged call
+cannot run the configs that copy with TMA (``KernelConfig.tma``), so its candidates differ
+and its winner must not be a uniform call's. It is timed as the uniform call of its
+geometry (``api.flash_prefill_v3``).
 
 The KV length does change the winner where it is short (the H200 measured it: at 512 rows
 past 0 the grid's size decides, at past 8192 the work per KV tile does; see
@@ -32,9 +36,10 @@ from collections.abc import Callable, Iterable
 from hipkernel.config import CANDIDATES, DEFAULT, KernelConfig
 
 
-def tune_key(*, d: int, sq: int, Hq: int, G: int, window: int, dtype: str, arch: str) -> tuple:
-    """The config-cache key. No skv / past_len (see the module docstring)."""
-    return (int(d), int(sq), int(Hq), int(G), int(window), str(dtype), str(arch))
+def tune_key(*, d: int, sq: int, Hq: int, G: int, window: int, dtype: str, arch: str,
+             ragged: bool = False) -> tuple:
+    """The config-cache key. No skv / past_len / q_len (see the module docstring)."""
+    return (int(d), int(sq), int(Hq), int(G), int(window), str(dtype), str(arch), bool(ragged))
 
 
 class Autotuner:
@@ -93,7 +98,7 @@ class Autotuner:
 
     def choices(self) -> list[dict]:
         """What was chosen per key (recorded in GPU reports)."""
-        names = ("d", "sq", "Hq", "G", "window", "dtype", "arch")
+        names = ("d", "sq", "Hq", "G", "window", "dtype", "arch", "ragged")
         return [dict(zip(names, key), config=cfg.name, times_ms=self.timings.get(key, {}))
                 for key, cfg in self.cache.items()]
 

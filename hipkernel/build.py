@@ -2,11 +2,13 @@
 
     python -m hipkernel.build [--targets sm_90,sm_80,gfx90a,gfx1030,gfx1151,gfx942]
                               [--json PATH] [--require-all] [--mutants]
-                              [--configs m4_b64,...] [--head-dims 64,128] [--jobs N]
+                              [--configs m4_b64,...] [--head-dims 64,128]
+                              [--dtypes fp16,bf16] [--jobs N]
 
 compiles the kernel (as ``hipkernel.api`` compiles it: headers inlined, the same ``-D``
-macros) for every target x head dim (``config.HEAD_DIMS``) x tile config and prints
-registers, spills and shared memory per compile. The scalar path
+macros) for every target x head dim (``config.HEAD_DIMS``) x tile config x dtype (fp16, and
+bf16: ``-DHK_BF16=1``; ``config.DTYPES``) and prints registers, spills and shared memory per
+compile. The scalar path
 (``kernels/gqa_flash_prefill.hip``, ``config.CANDIDATES``) is checked on every target; the
 tensor-core path (``kernels/gqa_flash_prefill_mma.hip``, ``config.MMA_CANDIDATES`` and, at
 d = 64, ``config.MMA_WIDE_CANDIDATES``; names ``mma_m4_b64``, ``mma_m8_b64_w2`` ...) only on
@@ -261,13 +263,15 @@ class ClangHip:
 
 @dataclass
 class Variant:
-    """One compile of the kernel: head dim, config label, -D macros, and the kernel path
-    (``config.PATHS``) whose source it compiles; "mma" variants compile for sm_80+ only."""
+    """One compile of the kernel: head dim, config label, -D macros, the kernel path
+    (``config.PATHS``) whose source it compiles ("mma" variants compile for sm_80+ only), and
+    the dtype of q, k, v and out (``config.DTYPES``; bf16's macros have ``HK_BF16=1``)."""
 
     d: int
     config: str
     defines: dict
     path: str = "scalar"
+    dtype: str = "fp16"
 
 
 @dataclass
@@ -282,6 +286,7 @@ class Row:
     smem: int | None = None
     details: dict = field(default_factory=dict)
     error: str = ""
+    dtype: str = "fp16"
 
     @property
     def failed(self) -> bool:
@@ -292,17 +297,19 @@ class Row:
         return self.status.startswith("skipped")
 
 
-def kernel_variants(mutants: bool = False) -> list[Variant]:
-    """Every (head dim, candidate config) the API can launch, scalar and mma; with
-    ``mutants``, also each path's default config with each mutant macro (so every ``#ifdef``
-    branch of both files compiles)."""
+def kernel_variants(mutants: bool = False, dtypes: Sequence[str] | None = None) -> list[Variant]:
+    """Every (head dim, candidate config) the API can launch, every path, in each of
+    ``dtypes`` (default: ``config.DTYPES``, fp16 and bf16); with ``mutants``, also each path's
+    default config with each mutant macro (so every ``#ifdef`` branch of every file
+    compiles), in each dtype too."""
     from hipkernel import api
-    from hipkernel.config import (DEFAULT, HEAD_DIMS, MFMA_CANDIDATES, MMA_DEFAULT,
+    from hipkernel.config import (DEFAULT, DTYPES, HEAD_DIMS, MFMA_CANDIDATES, MMA_DEFAULT,
                                   MMA_WIDE_CANDIDATES, WGMMA_BY_HEAD_DIM, WIDE_HEAD_DIMS,
                                   WMMA_CANDIDATES, compiled_variants)
 
-    out = [Variant(d, cfg.name, api.kernel_defines(d, cfg), cfg.path)
-           for d, cfg in compiled_variants()]
+    dtypes = DTYPES if dtypes is None else tuple(dtypes)
+    out = [Variant(d, cfg.name, api.kernel_defines(d, cfg, dtype=dt), cfg.path, dt)
+           for dt in dtypes for d, cfg in compiled_variants()]
     if mutants:
         from refattn.mutants import MUTANTS
 
@@ -310,8 +317,8 @@ def kernel_variants(mutants: bool = False) -> list[Variant]:
         defaults += [(cfg, d) for d, cfg in WGMMA_BY_HEAD_DIM.items()]  # the tile of each d
         defaults += [(MMA_WIDE_CANDIDATES[0], d) for d in WIDE_HEAD_DIMS]
         defaults += [(cfg, d) for cfg in (WMMA_CANDIDATES[0], MFMA_CANDIDATES[0]) for d in HEAD_DIMS]
-        out += [Variant(d, f"{cfg.name}+{m.name}", api.kernel_defines(d, cfg, {m.name}), cfg.path)
-                for cfg, d in defaults for m in MUTANTS]
+        out += [Variant(d, f"{cfg.name}+{m.name}", api.kernel_defines(d, cfg, {m.name}, dt), cfg.path, dt)
+                for dt in dtypes for cfg, d in defaults for m in MUTANTS]
     return out
 
 
@@ -426,17 +433,18 @@ def check(targets: Iterable[str], source: str | Mapping[str, str], variants: Seq
                 try:
                     res = futures[i].result()
                 except BackendUnavailable as e:
-                    rows.append(Row(target, tool, v.d, v.config, f"skipped: {e}"))
+                    rows.append(Row(target, tool, v.d, v.config, f"skipped: {e}", dtype=v.dtype))
                 except BrokenProcessPool as e:
                     rows.append(Row(target, tool, v.d, v.config, "ERROR",
-                                    error=f"the compiler's worker process died ({e})"))
+                                    error=f"the compiler's worker process died ({e})", dtype=v.dtype))
                 except Exception as e:  # noqa: BLE001 - a compile error is a row, not a crash
                     rows.append(Row(target, tool, v.d, v.config, "ERROR",
-                                    error=getattr(e, "log", "") or f"{type(e).__name__}: {e}"))
+                                    error=getattr(e, "log", "") or f"{type(e).__name__}: {e}",
+                                    dtype=v.dtype))
                 else:
                     rows.append(Row(target, tool, v.d, v.config,
                                     "SPILL" if res.spills else "ok", res.regs, res.spills,
-                                    res.smem, res.details))
+                                    res.smem, res.details, dtype=v.dtype))
     order = {tt: i for i, tt in enumerate(parsed)}
     return sorted(rows, key=lambda r: order[(r.target, r.tool)])  # stable: variants keep order
 
@@ -472,8 +480,9 @@ def _status_text(r: Row) -> str:
 
 
 def format_table(rows: Sequence[Row]) -> str:
-    header = ("target", "compiler", "d", "config", "regs", "spills", "smem", "status")
-    body = [(r.target, r.tool, "-" if r.d is None else str(r.d), r.config, _regs_text(r),
+    header = ("target", "compiler", "d", "dtype", "config", "regs", "spills", "smem", "status")
+    body = [(r.target, r.tool, "-" if r.d is None else str(r.d), "-" if r.d is None else r.dtype,
+             r.config, _regs_text(r),
              "-" if r.spills is None else str(r.spills), "-" if r.smem is None else str(r.smem),
              _status_text(r)) for r in rows]
     widths = [max(len(x) for x in col) for col in zip(header, *body, strict=True)]
@@ -499,7 +508,8 @@ def error_report(rows: Sequence[Row], max_lines: int = 60) -> str:
     seen: dict[str, list[str]] = {}
     for r in rows:
         if r.status == "ERROR":
-            seen.setdefault(r.error, []).append(f"{r.target} d={r.d} {r.config}")
+            seen.setdefault(r.error, []).append(
+                f"{r.target} d={r.d} {r.config}" + ("" if r.dtype == "fp16" else f" {r.dtype}"))
     parts = []
     for log, where in seen.items():
         lines = log.rstrip().splitlines()
@@ -523,6 +533,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--configs", metavar="NAMES",
                     help="only these configs, comma-separated (e.g. m4_b64; default: all)")
     ap.add_argument("--head-dims", metavar="DS", help="only these head dims, e.g. 64,128")
+    ap.add_argument("--dtypes", metavar="DTS", default="fp16,bf16",
+                    help="the dtypes to compile, comma-separated (default: fp16,bf16)")
     ap.add_argument("--jobs", type=int, default=None,
                     help="parallel compiler processes (default: one per CPU; 0: in this process)")
     args = ap.parse_args(argv)
@@ -532,8 +544,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(str(e))
 
     from hipkernel import api
+    from hipkernel.config import DTYPES
 
-    variants = kernel_variants(args.mutants)
+    dtypes = [x.strip() for x in args.dtypes.split(",") if x.strip()]
+    bad = [x for x in dtypes if x not in DTYPES]
+    if bad or not dtypes:
+        ap.error(f"dtypes: expected a comma-separated subset of {','.join(DTYPES)}, got {args.dtypes!r}")
+    variants = kernel_variants(args.mutants, dtypes)
     if args.configs:
         names = set(args.configs.split(","))
         variants = [v for v in variants if v.config.split("+")[0] in names]

@@ -1,7 +1,8 @@
 """Compile-time configurations of the fused kernel and the launch geometry they imply.
 
-One kernel binary per (path, HEAD_DIM, M_TILES, BKV, WARP_M, WS, PACK, QWALK) (docs/ARCHITECTURE.md, "Kernel
-ABI"; the wgmma path also takes KV_STAGES, which follows from the others):
+One kernel binary per (path, HEAD_DIM, M_TILES, BKV, WARP_M, WS, PACK, QWALK) and dtype (fp16,
+or bf16: HK_BF16) (docs/ARCHITECTURE.md, "Kernel ABI"; the wgmma path also takes KV_STAGES,
+which follows from the others):
 
     path    = "scalar"         kernels/gqa_flash_prefill.hip: fp32 FMAs, every GPU (AMD, NVIDIA)
               "mma"            kernels/gqa_flash_prefill_mma.hip: tensor cores (mma.sync
@@ -50,6 +51,10 @@ import re
 from dataclasses import dataclass, replace
 
 HEAD_DIMS = (64, 128)  # head dims the kernel is compiled for; anything else is declined
+# The 16-bit formats of q, k, v and out a kernel is compiled for (``KernelConfig.defines``):
+# fp16, and bf16 with -DHK_BF16=1 (kernels/portable.h). Both take 2 bytes an element, so the
+# shared memory of a config is the same in each.
+DTYPES = ("fp16", "bf16")
 
 # The scalar and mma kernels use static shared memory only, which CUDA caps at 48 KiB.
 SMEM_LIMIT = 48 * 1024
@@ -187,8 +192,10 @@ class KernelConfig:
     @property
     def tma(self) -> bool:
         """Whether the kernel copies its K/V tiles with TMA, and so takes the two tensor maps
-        of ``hipkernel.api.kv_tensor_maps`` after ``scale``: the wgmma tile with a producer
-        warpgroup (``ws``, which only the wgmma path has; the kernel's TMA)."""
+        of ``hipkernel.api.kv_tensor_maps`` after ``q_lens``: the wgmma tile with a producer
+        warpgroup (``ws``, which only the wgmma path has; the kernel's TMA). Its maps bound
+        every sequence's keys by one row count, so it runs uniform batches only (a ragged
+        call refuses it, and the tuner does not offer it there)."""
         return self.ws
 
     @property
@@ -375,9 +382,12 @@ class KernelConfig:
             return SMEM_LIMIT
         return WGMMA_WS_SMEM_BUDGET if self.ws else WGMMA_SMEM_BUDGET
 
-    def defines(self, d: int) -> dict[str, int]:
-        """The ``-D`` macros that compile this config at head dim ``d``."""
+    def defines(self, d: int, dtype: str = "fp16") -> dict[str, int]:
+        """The ``-D`` macros that compile this config at head dim ``d`` for inputs in
+        ``dtype`` (``DTYPES``: "fp16", or "bf16", which adds ``HK_BF16=1``)."""
         d = _check_int("d", d, HEAD_DIMS)
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype: expected one of {DTYPES}, got {dtype!r}")
         if not self.fits(d):
             need, kind = self.smem_bytes(d), "static"
             if self.path in WGMMA_PATHS:
@@ -403,6 +413,8 @@ class KernelConfig:
             defines["RESCALE_LOG2"] = self.rescale_log2(d)
         if self.rowsum_mma(d):
             defines["ROWSUM_MMA"] = 1
+        if dtype == "bf16":
+            defines["HK_BF16"] = 1
         return defines
 
 

@@ -42,7 +42,7 @@ def test_decline_at_device_level_calls_nothing():
     be = RecordingBackend()
     assert api.flash_prefill_v3(be, 0x100, 0x200, 0x300, 0, 0x500, B=1, Sq=4, Hq=4, Hkv=2, d=96, S_cap=8, past_len=4) == -1
     assert api.flash_prefill_v3(be, 0x100, 0x200, 0x300, 0, 0x500, B=1, Sq=4, Hq=4, Hkv=2, d=64, S_cap=8, past_len=4,
-                                dtype="bf16") == -1
+                                dtype="fp32") == -1
     assert be.calls == []
 
 
@@ -297,8 +297,9 @@ def test_tma_configs_pass_their_kv_tensor_maps():
     """A config that copies with TMA (the wgmma tile with a producer warpgroup) takes two
     more arguments, the tensor maps of its copies: k then v as
     (d, skv, B * Hkv) with a box of (64, bkv, 1), byte strides 2 d and 2 d S_cap; under the
-    tail_unmasked mutant the rows are the whole cache (S_cap). Every other config takes the
-    thirteen arguments and encodes no map."""
+    tail_unmasked mutant the rows are the whole cache (S_cap), after the fifteen arguments of
+    every path (the length arrays null: a uniform call). Every other config takes the fifteen
+    and encodes no map."""
     geom = dict(B=2, Sq=40, Hq=8, Hkv=2, d=128, S_cap=96, past_len=24)
     for cfg in ({"path": "wgmma", "m_tiles": 8, "bkv": 128, "ws": True},
                 {"path": "wgmma", "m_tiles": 8, "bkv": 64, "ws": True}):
@@ -307,15 +308,16 @@ def test_tma_configs_pass_their_kv_tensor_maps():
             assert api.flash_prefill_v3(be, 0x100, 0x200, 0x300, 0, 0x500, config=cfg,
                                         mutants=mutants, **geom) == 0
             args = be.launches[-1]["args"]
-            assert len(args) == 15 and args[:5] == [0x100, 0x200, 0x300, 0, 0x500]
-            for blob, ptr in zip(args[13:], (0x200, 0x300)):
+            assert len(args) == 17 and args[:5] == [0x100, 0x200, 0x300, 0, 0x500]
+            assert args[13:15] == [0, 0]
+            for blob, ptr in zip(args[15:], (0x200, 0x300)):
                 assert struct.unpack("<9Q", blob[:72]) == (ptr, 128, rows, 4, 256, 256 * 96, 64,
                                                            cfg["bkv"], 1), (cfg, mutants)
     be = RecordingBackend(arch="sm_90")
     for cfg in ({"path": "wgmma", "m_tiles": 8, "bkv": 64}, {"path": "wgmma", "m_tiles": 16, "bkv": 64},
                 {"path": "mma", "m_tiles": 4, "bkv": 64}):
         assert api.flash_prefill_v3(be, 0x100, 0x200, 0x300, 0, 0x500, config=cfg, **geom) == 0
-        assert len(be.launches[-1]["args"]) == 13, cfg
+        assert len(be.launches[-1]["args"]) == 15, cfg
     assert not [c for c in be.calls if c[0] == "tensor_map"]
 
 

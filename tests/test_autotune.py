@@ -87,7 +87,20 @@ def test_debug_logs_each_candidate(monkeypatch):
 def test_key_ignores_skv_and_includes_window():
     a = tune_key(d=64, sq=512, Hq=64, G=8, window=-1, dtype="fp16", arch="sm_90")
     b = tune_key(d=64, sq=512, Hq=64, G=8, window=128, dtype="fp16", arch="sm_90")
-    assert a != b and len(a) == 7
+    assert a != b and len(a) == 8
+
+
+def test_key_has_the_dtype_and_whether_ragged_but_no_lengths():
+    """bf16 and fp16 tune apart, and so do ragged and uniform calls (a ragged call cannot run
+    the TMA configs); the key holds no length of either."""
+    geom = dict(d=128, sq=512, Hq=64, G=8, window=-1, arch="sm_90")
+    keys = {tune_key(dtype=dt, ragged=r, **geom) for dt in ("fp16", "bf16") for r in (False, True)}
+    assert len(keys) == 4
+    assert tune_key(dtype="fp16", **geom) == tune_key(dtype="fp16", ragged=False, **geom)
+    choice = Autotuner(log=lambda m: None)
+    choice.cache[tune_key(dtype="bf16", ragged=True, **geom)] = DEFAULT
+    (row,) = choice.choices()
+    assert row["dtype"] == "bf16" and row["ragged"] is True and row["config"] == DEFAULT.name
 
 
 def test_explicit_config_skips_tuning():

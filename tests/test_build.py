@@ -308,8 +308,8 @@ def test_kernel_variants_cover_the_wgmma_path():
     from hipkernel.config import HEAD_DIMS, WGMMA_BY_HEAD_DIM
     from refattn.mutants import MUTANTS
 
-    plain = [(v.d, v.config, v.path) for v in build.kernel_variants() if v.path == "wgmma"]
-    assert plain == [(d, WGMMA_BY_HEAD_DIM[d].name, "wgmma") for d in HEAD_DIMS]
+    plain = [(v.dtype, v.d, v.config, v.path) for v in build.kernel_variants() if v.path == "wgmma"]
+    assert plain == [(dt, d, WGMMA_BY_HEAD_DIM[d].name, "wgmma") for dt in ("fp16", "bf16") for d in HEAD_DIMS]
     vs = build.kernel_variants(mutants=True)
     # the mutants compile at each head dim's own wgmma tile (the one that does not spill there)
     wg_mutants = {(v.d, v.config) for v in vs if v.path == "wgmma" and "+" in v.config}
@@ -317,7 +317,8 @@ def test_kernel_variants_cover_the_wgmma_path():
                           for m in MUTANTS}
     for v in vs:
         if v.path == "wgmma" and v.config.endswith(f"+{MUTANTS[0].name}"):
-            assert v.defines == api.kernel_defines(v.d, WGMMA_BY_HEAD_DIM[v.d], {MUTANTS[0].name}), v
+            assert v.defines == api.kernel_defines(v.d, WGMMA_BY_HEAD_DIM[v.d], {MUTANTS[0].name},
+                                                   v.dtype), v
 
 
 def test_spill_and_error_fail_the_check(monkeypatch):
@@ -354,7 +355,7 @@ def test_probe_failure_is_a_skip_not_an_error(monkeypatch):
 
 def test_main_writes_json_and_exit_status(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(build, "compile_with", _fake_compile)
-    monkeypatch.setattr(build, "kernel_variants", lambda mutants=False: [
+    monkeypatch.setattr(build, "kernel_variants", lambda mutants=False, dtypes=None: [
         build.Variant(64, "m1_b32", {"HEAD_DIM": 64}),
         build.Variant(64, "m4_b64", {"HEAD_DIM": 64, "SPILLY": 1})])
     out = tmp_path / "build.json"
@@ -439,8 +440,8 @@ def test_real_wgmma_kernel_sm90a(tmp_path):
     names = ",".join(c.name for c in WGMMA_BY_HEAD_DIM.values())
     rc = build.main(["--targets", "sm_90a", "--configs", names, "--json", str(out)])
     rows = json.loads(out.read_text())["rows"]
-    assert [(r["target"], r["d"], r["config"], r["status"]) for r in rows] == [
-        ("sm_90a", d, c.name, "ok") for d, c in WGMMA_BY_HEAD_DIM.items()], rows
+    assert [(r["target"], r["dtype"], r["d"], r["config"], r["status"]) for r in rows] == [
+        ("sm_90a", dt, d, c.name, "ok") for dt in ("fp16", "bf16") for d, c in WGMMA_BY_HEAD_DIM.items()], rows
     assert rc == 0
     for r in rows:
         cfg = WGMMA_BY_HEAD_DIM[r["d"]]
@@ -479,7 +480,8 @@ def test_every_wgmma_tile_compiles_with_dynamic_shared_memory_only():
 
 
 def test_real_kernel_sm90(tmp_path):
-    """The real check, for sm_90 at the default config (every head dim): compiles, no spill."""
+    """The real check, for sm_90 at the default config (every head dim, fp16 and bf16):
+    compiles, no spill."""
     try:
         cuda_be.nvrtc_version()
     except Exception as e:  # noqa: BLE001
@@ -492,6 +494,7 @@ def test_real_kernel_sm90(tmp_path):
     out = tmp_path / "sm90.json"
     rc = build.main(["--targets", "sm_90", "--configs", DEFAULT.name, "--json", str(out)])
     rows = json.loads(out.read_text())["rows"]
-    assert [(r["d"], r["status"]) for r in rows] == [(d, "ok") for d in HEAD_DIMS], rows
+    assert [(r["dtype"], r["d"], r["status"]) for r in rows] == [
+        (dt, d, "ok") for dt in ("fp16", "bf16") for d in HEAD_DIMS], rows
     assert rc == 0
     assert all(r["regs"] <= 255 and 0 < r["smem"] <= 48 * 1024 for r in rows)  # static limit

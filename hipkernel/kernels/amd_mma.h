@@ -3,6 +3,9 @@
 // of a wave that the kernel needs next to it. WAVE picks the instruction:
 //   WAVE 32  v_wmma_f32_16x16x16_f16 (RDNA 3, gfx11, wave32)
 //   WAVE 64  v_mfma_f32_16x16x16f16  (CDNA, gfx90a and gfx94x, wave64)
+// and in a bf16 kernel (HK_BF16) their bf16 forms, with the same lane layouts:
+//   WAVE 32  v_wmma_f32_16x16x16_bf16
+//   WAVE 64  v_mfma_f32_16x16x16bf16_1k (gfx90a and gfx94x; gfx908 has no 16x16x16 bf16)
 //
 // Lane layouts (the ISA's; rows and columns in 0..15, l the lane in its wave, v an index
 // into the lane's registers):
@@ -12,12 +15,12 @@
 // with, for WMMA, MMA_KL = 16, MMA_K0 = 0, MMA_ACC = 8, rows 2 v + l / 16 (lanes 16..31 must
 // hold the same A and B as lanes 0..15, which a lane's operand of row or column l % 16 is);
 // for MFMA, MMA_KL = 4, MMA_K0 = 4 (l / 16), MMA_ACC = 4, rows 4 (l / 16) + v. Operands are
-// fp16 pairs in 32-bit words (MMA_KW = MMA_KL / 2), element 2 w in the low half of word w.
+// fp16 (bf16) pairs in 32-bit words (MMA_KW = MMA_KL / 2), element 2 w in the low half of word w.
 //
 // On NVIDIA (no such instruction) the same calls are emulated lane for lane, so that the
 // kernel's index arithmetic and these layouts run the case matrix on a CUDA GPU: each lane's
 // operand slices go where the AMD layout puts them in a shared 16x16 A and B, mma.sync
-// computes A B, and each lane takes back the D elements the AMD layout gives it. WAVE 32 is
+// computes A B (bf16 in a bf16 kernel: hk_mma_16816), and each lane takes back the D elements the AMD layout gives it. WAVE 32 is
 // a warp; WAVE 64 is two warps, which meet at the block barrier (and exchange lanes l ^ 32
 // through shared memory). The emulation is for checking only (slower,
 // and D = C + A B rounds once more than a matrix core); hipkernel.config never offers it to
@@ -40,7 +43,11 @@ HK_INLINE int mma_k0(int l) { return WAVE == 32 ? 0 : 4 * (l >> 4); }
 HK_INLINE int mma_acc_row(int v, int l) { return WAVE == 32 ? 2 * v + (l >> 4) : 4 * (l >> 4) + v; }
 
 #if HK_AMD
+#if HK_BF16
+typedef short hk_mma_in __attribute__((ext_vector_type(MMA_KL)));  // the builtins' bf16 bits
+#else
 typedef _Float16 hk_mma_in __attribute__((ext_vector_type(MMA_KL)));
+#endif
 typedef unsigned int hk_mma_words __attribute__((ext_vector_type(MMA_KW)));
 typedef float hk_mma_acc __attribute__((ext_vector_type(MMA_ACC)));
 
@@ -57,8 +64,12 @@ HK_INLINE void hk_amd_mma(float (&d)[MMA_ACC], const unsigned int (&a)[MMA_KW],
     hk_mma_acc c;
 #pragma unroll
     for (int i = 0; i < MMA_ACC; ++i) c[i] = d[i];
-#if WAVE == 32
+#if WAVE == 32 && HK_BF16
+    c = __builtin_amdgcn_wmma_f32_16x16x16_bf16_w32(hk_mma_operand(a), hk_mma_operand(b), c);
+#elif WAVE == 32
     c = __builtin_amdgcn_wmma_f32_16x16x16_f16_w32(hk_mma_operand(a), hk_mma_operand(b), c);
+#elif HK_BF16
+    c = __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(hk_mma_operand(a), hk_mma_operand(b), c, 0, 0, 0);
 #else
     c = __builtin_amdgcn_mfma_f32_16x16x16f16(hk_mma_operand(a), hk_mma_operand(b), c, 0, 0, 0);
 #endif

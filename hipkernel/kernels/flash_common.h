@@ -1,9 +1,10 @@
 // flash_common.h: the steps of the fused prefill that do not depend on how a kernel lays out
-// its MMA fragments: visibility, the KV head of a query head, query positions, the first KV
-// tile of a Q tile, the keys a load keeps, the sink term and a row's epilogue factor. Shared
-// by the wgmma path
-// (through flash_rows.h) and the AMD matrix-core path (gqa_flash_prefill_amdmma.hip); every
-// mutant macro that bites here bites at the same place as in the scalar kernel.
+// its MMA fragments: visibility, the KV head of a query head, query positions, a sequence's
+// lengths in a ragged batch, the first KV tile of a Q tile, the keys a load keeps, the
+// padded rows' zeros, the P operand's format, the sink term and a row's epilogue factor.
+// Shared by the wgmma and wgspan paths (through flash_rows.h) and the AMD matrix-core path
+// (gqa_flash_prefill_amdmma.hip); every mutant macro that bites here bites at the same place
+// as in the scalar kernel.
 
 #define LOG2E 1.4426950408889634f  // exp(x) = exp2(x * LOG2E)
 
@@ -35,7 +36,7 @@ HK_INLINE bool sink_present(int sink_mode) {
 #endif
 }
 HK_INLINE float sink_logit2(const half_t* sink, int sink_mode, int h) {
-    const float sigma = sink_mode == 1 ? hk_h2f(sink[h]) : 0.0f;
+    const float sigma = sink_mode == 1 ? hk_fp16_value(sink[h]) : 0.0f;  // fp16 in every kernel
 #ifdef HIPKERNEL_MUTANT_SINK_NO_LOG2E
     return sigma;
 #else
@@ -74,6 +75,105 @@ HK_INLINE int query_base(int past_len) {
     return past_len;
 #endif
 }
+
+// ---- ragged batches: sequence b of the batch is block z = b
+
+// Sequence b's lengths: `past`, its past_len (row i sits at query_base(past) + i), `rows`, its
+// valid query rows q_len[b] (rows [rows, Sq) are padding, stored as zeros), and `skv`, the keys
+// it may read (past + rows; its cache's slots from skv on are never read). A null past_lens /
+// q_lens is the uniform call: past_len / Sq for every sequence.
+HK_INLINE void seq_lengths(const int* past_lens, const int* q_lens, int b, int past_len, int Sq,
+                           int& past, int& rows, int& skv) {
+    past = past_lens != nullptr ? past_lens[b] : past_len;
+    rows = q_lens != nullptr ? q_lens[b] : Sq;
+    skv = past + rows;
+#ifdef HIPKERNEL_MUTANT_RAGGED_MAX_DIAG
+    // every sequence takes the batch's longest lengths: the diagonal of max_s past_len[s]
+    // and the key bound max_s (past_len[s] + q_len[s]), past its own cache
+    for (int s = 0; s < hk_grid_z(); ++s) {
+        const int ps = past_lens != nullptr ? past_lens[s] : past_len;
+        const int ks = ps + (q_lens != nullptr ? q_lens[s] : Sq);
+        past = ps > past ? ps : past;
+        skv = ks > skv ? ks : skv;
+    }
+#endif
+}
+
+// The rows a Q tile computes, [0, n): the valid rows (n = rows). Under padded_row_next_seq a
+// padded row is computed as an ordinary row and stored: every row below Sq.
+HK_INLINE int computed_rows(int rows, int Sq) {
+#ifdef HIPKERNEL_MUTANT_PADDED_ROW_NEXT_SEQ
+    (void)rows;
+    return Sq;
+#else
+    (void)Sq;
+    return rows;
+#endif
+}
+
+// The sequence whose cache the Q tile of first row i0 reads, and its key bound skv (in: the
+// sequence's own): sequence b. Under padded_row_next_seq a Q tile wholly in the padding
+// (i0 >= rows, the valid rows) reads sequence (b + 1) % B's cache up to key
+// min(S_cap, past + Sq); a tile that straddles rows reads sequence b's, whose K/V tiles all
+// its rows share.
+HK_INLINE int kv_seq(int b, int i0, int rows, int Sq, int S_cap, int past, int& skv) {
+#ifdef HIPKERNEL_MUTANT_PADDED_ROW_NEXT_SEQ
+    if (i0 >= rows) {
+        skv = past + Sq < S_cap ? past + Sq : S_cap;
+        return b + 1 < hk_grid_z() ? b + 1 : 0;
+    }
+#else
+    (void)i0, (void)rows, (void)Sq, (void)S_cap, (void)past, (void)skv;
+#endif
+    return b;
+}
+
+// Whether the epilogue stores row i: every row below Sq, a padded row (rows <= i) as zeros.
+// Under padding_not_written the padded rows are skipped.
+HK_INLINE bool row_stored(int i, int rows, int Sq) {
+#ifdef HIPKERNEL_MUTANT_PADDING_NOT_WRITTEN
+    (void)Sq;
+    return i < rows;
+#else
+    (void)rows;
+    return i < Sq;
+#endif
+}
+
+// The zeros of a Q tile wholly in the padding, which walks no KV tile: out's rows [i_lo, i_hi)
+// of heads [h0, h0 + nh) (contiguous in each row), 16 bytes a store by the block's nthreads
+// threads (this one `tid`). Under padding_not_written nothing is stored.
+HK_INLINE void store_zero_rows(half_t* out, int b, int Sq, int Hq, int h0, int nh, int i_lo, int i_hi,
+                               int tid, int nthreads) {
+#ifdef HIPKERNEL_MUTANT_PADDING_NOT_WRITTEN
+    (void)out, (void)b, (void)Sq, (void)Hq, (void)h0, (void)nh, (void)i_lo, (void)i_hi, (void)tid,
+        (void)nthreads;
+#else
+    const int per_row = nh * (HEAD_DIM / 8);  // 16-byte vectors of a row's heads
+    for (int e = tid; e < (i_hi - i_lo) * per_row; e += nthreads) {
+        const int i = i_lo + e / per_row;
+        hk_vec8* row = (hk_vec8*)(out + (((hk_u64)b * Sq + i) * Hq + h0) * HEAD_DIM);
+        row[e % per_row] = hk_vec(0u, 0u, 0u, 0u);
+    }
+#endif
+}
+
+// ---- the P operand of P.V
+
+// Two p as a word of P.V's 16-bit operand, rounded to the storage format (nearest, ties to
+// even): fp16, bf16 in a bf16 kernel. Under bf16_p_as_fp16 a bf16 kernel converts with the
+// fp16 conversion, and P.V reads those fp16 bit patterns as bf16.
+HK_INLINE unsigned int p_pack(float lo, float hi) {
+#if HK_BF16 && defined(HIPKERNEL_MUTANT_BF16_P_AS_FP16)
+    return hk_pack_fp16(lo, hi);
+#elif HK_CUDA
+    return hk_pack_h2(lo, hi);
+#else
+    return hk_pack(lo, hi);
+#endif
+}
+
+// ---- Q tiles
 
 // The first key any row at positions [p_first, p_last] of a Q tile may see.
 HK_INLINE int kv_start_of(int p_first, int window) {

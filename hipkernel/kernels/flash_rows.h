@@ -21,7 +21,8 @@
 #endif
 
 // Q rows g and g + 8 of the group as A fragments: qf[kc] holds dims [16 kc, 16 kc + 16).
-// qrow[r] points at dim 2 t4 of row g + 8 r, or is null for a row past Sq (zeros).
+// qrow[r] points at dim 2 t4 of row g + 8 r, or is null for a row not computed (past Sq, or
+// padding: zeros).
 template <int KC>
 HK_INLINE void load_q_fragments(unsigned int (&qf)[KC][4], const half_t* const (&qrow)[2]) {
 #pragma unroll
@@ -168,14 +169,14 @@ HK_INLINE void softmax_step(float (&s)[NB_S][4], float (&m)[2], float (&l)[2], f
     if (!fresh) rescale_acc(o, alpha, rescale);
 }
 
-// P of keys [16 kc, 16 kc + 16) as an MMA A fragment, rounded to fp16: the S fragments of
-// key blocks 2 kc and 2 kc + 1 are the A layout of one 16-key chunk.
+// P of keys [16 kc, 16 kc + 16) as an MMA A fragment, rounded to fp16 (bf16 in a bf16 kernel;
+// p_pack): the S fragments of key blocks 2 kc and 2 kc + 1 are the A layout of one 16-key chunk.
 template <int NB_S>
 HK_INLINE void p_fragment(unsigned int (&pa)[4], const float (&s)[NB_S][4], int kc) {
-    pa[0] = hk_pack_f16x2(s[2 * kc][0], s[2 * kc][1]);
-    pa[1] = hk_pack_f16x2(s[2 * kc][2], s[2 * kc][3]);
-    pa[2] = hk_pack_f16x2(s[2 * kc + 1][0], s[2 * kc + 1][1]);
-    pa[3] = hk_pack_f16x2(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+    pa[0] = p_pack(s[2 * kc][0], s[2 * kc][1]);
+    pa[1] = p_pack(s[2 * kc][2], s[2 * kc][3]);
+    pa[2] = p_pack(s[2 * kc + 1][0], s[2 * kc + 1][1]);
+    pa[3] = p_pack(s[2 * kc + 1][2], s[2 * kc + 1][3]);
 }
 
 // The epilogue's factor of the lane's two rows: out = acc * scale[r] (flash_common.h).
@@ -184,24 +185,28 @@ HK_INLINE void row_scales(const float (&m)[2], const float (&l)[2], bool has_sin
     for (int r = 0; r < 2; ++r) scale[r] = row_scale(m[r], l[r], has_sink, sig2);
 }
 
-// The group's output as fp16 pairs: w[r][nd] holds row g + 8 r's dims 8 nd + 2 t4, + 1.
+// The group's output as pairs of the storage format: w[r][nd] holds row g + 8 r's dims
+// 8 nd + 2 t4, + 1; zeros for a row that is not `valid` (a padded row of a ragged batch).
 template <int NB_O>
-HK_INLINE void out_words(const float (&o)[NB_O][4], const float (&scale)[2], unsigned int (&w)[2][NB_O]) {
+HK_INLINE void out_words(const float (&o)[NB_O][4], const float (&scale)[2], const bool (&valid)[2],
+                         unsigned int (&w)[2][NB_O]) {
 #pragma unroll
     for (int r = 0; r < 2; ++r)
 #pragma unroll
-        for (int nd = 0; nd < NB_O; ++nd) w[r][nd] = hk_pack_f16x2(o[nd][2 * r] * scale[r], o[nd][2 * r + 1] * scale[r]);
+        for (int nd = 0; nd < NB_O; ++nd)
+            w[r][nd] = valid[r] ? hk_pack_h2(o[nd][2 * r] * scale[r], o[nd][2 * r + 1] * scale[r]) : 0u;
 }
 
 // Epilogue of the group (row_scales, out_words), stored by the lanes: orow[r] points at dim
-// 2 t4 of row g + 8 r's output, or is null for a row past Sq.
+// 2 t4 of row g + 8 r's output, or is null for a row not stored (past Sq; row_stored);
+// valid[r]: the row is computed (not padding).
 template <int NB_O>
 HK_INLINE void finish_rows(const float (&o)[NB_O][4], const float (&m)[2], const float (&l)[2], bool has_sink,
-                           float sig2, half_t* const (&orow)[2]) {
+                           float sig2, half_t* const (&orow)[2], const bool (&valid)[2]) {
     float scale[2];
     row_scales(m, l, has_sink, sig2, scale);
     unsigned int w[2][NB_O];
-    out_words(o, scale, w);
+    out_words(o, scale, valid, w);
 #pragma unroll
     for (int r = 0; r < 2; ++r)
         if (orow[r] != nullptr)  // lane (g, t4) writes dims 8 nd + 2 t4, + 1 of its row

@@ -1,15 +1,23 @@
 // gqa_flash_prefill.hip: fused GQA flash-attention prefill with per-head sinks, smooth
-// softmax, a sliding window and chunked prefill over a KV cache.
+// softmax, a sliding window and chunked prefill over a KV cache, for uniform and ragged
+// batches (per-sequence past_len and q_len), in fp16 or bf16.
 //
 // Device code only. The algorithm is hipkernel/model.py's docstring, line by line; the
 // launch ABI is docs/ARCHITECTURE.md "Kernel ABI":
-//   compile-time  HEAD_DIM (64 | 128), M_TILES (rows / 16), BKV (keys per KV tile)
+//   compile-time  HEAD_DIM (64 | 128), M_TILES (rows / 16), BKV (keys per KV tile),
+//                 HK_BF16 (0 | 1: q, k, v and out in bf16; portable.h)
 //   grid          (ceil(Sq / BM), Hq, B), BM = 16 * M_TILES
 //   block         32 * M_TILES threads; query row r of the Q tile is owned by the lane
 //                 pair (2r, 2r + 1), each lane holding HEAD_DIM / 2 dims of q and acc
 //   shared        static only: K and V tiles (BKV x HEAD_DIM halves each) and the score /
 //                 probability tile S = P (BM x BKV floats); see hipkernel.config.smem_bytes
 //   pointers      q, k, v, out 16-byte aligned (all accesses are 8 halves wide)
+//   ragged        block z = b is sequence b: with past_lens / q_lens (null: past_len / Sq for
+//                 every sequence) its rows i < q_len[b] sit at past_len[b] + i and read its
+//                 own keys j < past_len[b] + q_len[b]; its padded rows (q_len[b] <= i < Sq)
+//                 are stored as zeros, and a block wholly in the padding stores its zeros
+//                 and walks no KV tile
+// P stays fp32 through P.V here (no 16-bit P operand), in an fp16 and a bf16 kernel alike.
 // Mutants (refattn/mutants.py) are -DHIPKERNEL_MUTANT_<NAME>=1, each an #ifdef where it bites.
 
 #include "portable.h"
@@ -32,7 +40,14 @@
 // loads of many keys at once; at these values no compiler checked spills (see
 // hipkernel/build.py): NVRTC sm_80/sm_90, clang-19 gfx1151/gfx942/gfx90a, ROCm 5.2 hiprtc.
 #define UNROLL_S 1   // key pairs per step of the score loop
-#define UNROLL_PV 2  // keys per step of the P.V loop
+// keys per step of the P.V loop: 1 for bf16 on AMD, where unpacking a bf16 takes an
+// instruction and a register a value (fp16 feeds the FMAs directly: v_fma_mix) and at 2
+// clang spilled at d 128 (gfx90a m1_b64, gfx1030 m1_b32, gfx1151 m4_b64)
+#if HK_BF16 && HK_AMD
+#define UNROLL_PV 1
+#else
+#define UNROLL_PV 2
+#endif
 
 // Shared layout. K/V rows need no padding: all rows of the Q tile read the same key at a
 // time (a broadcast) and the cooperative store is contiguous. Row r of P is rotated by 2r,
@@ -75,7 +90,9 @@ extern "C" __global__ HK_LAUNCH_BOUNDS(NTHREADS) void gqa_flash_prefill(
     int Sq, int Hq, int Hkv, int S_cap, int past_len,
     int window,                      // -1 = none, else W >= 1 keys (ORT convention)
     int sink_mode,                   // 0 none, 1 per-head sink[h], 2 smooth (sigma = 0)
-    float scale) {
+    float scale,
+    const int* HK_RESTRICT past_lens,  // (B,) per-sequence past_len, or null: past_len for all
+    const int* HK_RESTRICT q_lens) {   // (B,) valid query rows, <= Sq, or null: Sq for all
     __shared__ hk_vec8 k_s[BKV * VPR];  // K tile, keys x dims
     __shared__ hk_vec8 v_s[BKV * VPR];  // V tile
     __shared__ float p_s[BM * BKV];      // scores, then probabilities, rows x keys (P_AT)
@@ -91,19 +108,51 @@ extern "C" __global__ HK_LAUNCH_BOUNDS(NTHREADS) void gqa_flash_prefill(
 #else
     const int kvh = h / (Hq / Hkv);  // G = Hq / Hkv query heads share a KV head
 #endif
-    const int skv = past_len + Sq;  // keys that exist; [skv, S_cap) is never read
+    // This sequence's lengths: its past_len, its valid rows ([rows, Sq) is padding) and the
+    // keys that exist, skv ([skv, S_cap) of its cache is never read).
+    int past_b = past_lens != nullptr ? past_lens[b] : past_len;
+    int rows = q_lens != nullptr ? q_lens[b] : Sq;
+    int skv = past_b + rows;
+#ifdef HIPKERNEL_MUTANT_RAGGED_MAX_DIAG
+    // every sequence takes the batch's longest lengths: the diagonal of max_s past_len[s] and
+    // the key bound max_s (past_len[s] + q_len[s]), past its own cache
+    for (int s = 0; s < hk_grid_z(); ++s) {
+        const int ps = past_lens != nullptr ? past_lens[s] : past_len;
+        const int ks = ps + (q_lens != nullptr ? q_lens[s] : Sq);
+        past_b = ps > past_b ? ps : past_b;
+        skv = ks > skv ? ks : skv;
+    }
+#endif
+    const int i0 = qt * BM;
+    int kv_b = b;  // the sequence whose cache the block reads
+#ifdef HIPKERNEL_MUTANT_PADDED_ROW_NEXT_SEQ
+    // padded rows are computed as ordinary rows and stored; a block wholly in the padding
+    // reads sequence (b + 1) % B's cache up to key min(S_cap, past_len[b] + Sq)
+    if (i0 >= rows) {
+        skv = past_b + Sq < S_cap ? past_b + Sq : S_cap;
+        kv_b = b + 1 < hk_grid_z() ? b + 1 : 0;
+    }
+    rows = Sq;
+#endif
+    if (i0 >= rows) {  // wholly in the padding: its zeros, and no KV tile
+#ifndef HIPKERNEL_MUTANT_PADDING_NOT_WRITTEN
+        const int n = ((i0 + BM < Sq ? i0 + BM : Sq) - i0) * VPR;
+        for (int e = tid; e < n; e += NTHREADS)
+            ((hk_vec8*)(out + (((hk_u64)b * Sq + i0 + e / VPR) * Hq + h) * HEAD_DIM))[e % VPR] = hk_vec(0u, 0u, 0u, 0u);
+#endif
+        return;
+    }
 #ifdef HIPKERNEL_MUTANT_PAST_LEN_IGNORED
     const int past = 0;  // top-left causal alignment
 #else
-    const int past = past_len;  // row i sits at absolute position past_len + i
+    const int past = past_b;  // row i sits at absolute position past_len[b] + i
 #endif
 
     // This block's rows and the KV range they can reach.
-    const int i0 = qt * BM;
-    const int i_last = (i0 + BM < Sq ? i0 + BM : Sq) - 1;
+    const int i_last = (i0 + BM < rows ? i0 + BM : rows) - 1;
     const int p_first = past + i0, p_last = past + i_last;
     const int i = i0 + row;
-    const bool row_ok = i < Sq;  // rows past Sq compute but store nothing
+    const bool row_ok = i < rows;  // padded rows and rows past Sq compute with q = 0
     const int p = past + i;
     const int kv_end = p_last + 1;
 #ifdef HIPKERNEL_MUTANT_WINDOW_SKIP_OFF
@@ -131,7 +180,7 @@ extern "C" __global__ HK_LAUNCH_BOUNDS(NTHREADS) void gqa_flash_prefill(
 #else
     const bool has_sink = sink_mode == 1 || sink_mode == 2;
 #endif
-    const float sigma = sink_mode == 1 ? hk_h2f(sink[h]) : 0.0f;
+    const float sigma = sink_mode == 1 ? hk_fp16_value(sink[h]) : 0.0f;  // fp16 in every kernel
 #ifdef HIPKERNEL_MUTANT_SINK_NO_LOG2E
     const float sig2 = sigma;
 #else
@@ -168,7 +217,7 @@ extern "C" __global__ HK_LAUNCH_BOUNDS(NTHREADS) void gqa_flash_prefill(
 
     const hk_vec8* k_mine = k_s + lane_half;  // this lane's chunks of the shared K, V rows
     const hk_vec8* v_mine = v_s + lane_half;
-    const hk_u64 kv_base = ((hk_u64)b * Hkv + kvh) * (hk_u64)S_cap * HEAD_DIM;
+    const hk_u64 kv_base = ((hk_u64)kv_b * Hkv + kvh) * (hk_u64)S_cap * HEAD_DIM;
     const hk_vec8* kg = (const hk_vec8*)(k + kv_base);
     const hk_vec8* vg = (const hk_vec8*)(v + kv_base);
 
@@ -233,7 +282,11 @@ extern "C" __global__ HK_LAUNCH_BOUNDS(NTHREADS) void gqa_flash_prefill(
             const float s = *slot;
             const float pj = update && s != hk_neg_inf() ? hk_exp2(hk_fma(s, c2, -m_new)) : 0.0f;
             l_tile += pj;
+#if HK_BF16 && defined(HIPKERNEL_MUTANT_BF16_P_AS_FP16)
+            *slot = hk_bf16_value(hk_fp16_bits(pj));  // P.V reads pj's fp16 bit pattern as bf16
+#else
             *slot = pj;
+#endif
         }
         l_tile += hk_xor1(l_tile);  // the row's sum over the whole tile
         l = l * alpha + l_tile;
@@ -287,8 +340,14 @@ extern "C" __global__ HK_LAUNCH_BOUNDS(NTHREADS) void gqa_flash_prefill(
 #endif
     }
 
-    // out = acc / l, 0 for a row with nothing in its denominator (a NaN l stays NaN).
-    if (row_ok) {
+    // out = acc / l, 0 for a row with nothing in its denominator (a NaN l stays NaN); a
+    // padded row (rows <= i < Sq) stores zeros.
+#ifdef HIPKERNEL_MUTANT_PADDING_NOT_WRITTEN
+    const bool store = row_ok;  // padded rows skipped
+#else
+    const bool store = i < Sq;
+#endif
+    if (store) {
         hk_vec8* orow = (hk_vec8*)(out + (((hk_u64)b * Sq + i) * Hq + h) * HEAD_DIM);
 #pragma unroll
         for (int c = 0; c < NCH; ++c) {
@@ -297,7 +356,7 @@ extern "C" __global__ HK_LAUNCH_BOUNDS(NTHREADS) void gqa_flash_prefill(
             for (int e = 0; e < 4; ++e) {
                 const float lo = l == 0.0f ? 0.0f : acc[c][2 * e] / l;
                 const float hi = l == 0.0f ? 0.0f : acc[c][2 * e + 1] / l;
-                w[e] = hk_pack(lo, hi);
+                w[e] = row_ok ? hk_pack(lo, hi) : 0u;
             }
             orow[2 * c + lane_half] = hk_vec(w[0], w[1], w[2], w[3]);
         }

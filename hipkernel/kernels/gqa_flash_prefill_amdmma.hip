@@ -5,7 +5,8 @@
 // Device code only, with the same ABI and entry name as gqa_flash_prefill.hip (so the launch
 // code is shared; docs/ARCHITECTURE.md "Kernel ABI"):
 //   compile-time  HEAD_DIM (64 | 128), M_TILES (waves a block, 16 query rows each), BKV (keys
-//                 per tile, a multiple of 16), WAVE (32 | 64: the instruction, amd_mma.h)
+//                 per tile, a multiple of 16), WAVE (32 | 64: the instruction, amd_mma.h),
+//                 HK_BF16 (0 | 1: q, k, v, out, and P before P.V, in bf16; portable.h)
 //   grid          (ceil(Sq / BM), Hq, B), BM = 16 * M_TILES query rows of one head a block
 //   block         WAVE * M_TILES threads: wave w owns block rows [16 w, 16 w + 16); lane l
 //                 of it owns row l % 16 (with the other lanes l % 16 + 16 q of its wave)
@@ -13,6 +14,11 @@
 //                 tile transposed, dims x keys (HEAD_DIM x (BKV + 8) halves); the padding
 //                 spreads a wave's 16 row reads over the banks
 //   pointers      q, k, v, out 16-byte aligned
+//   ragged        past_lens, q_lens after scale (null: past_len / Sq for every sequence):
+//                 block z = b is sequence b, its valid rows i < q_len[b] at past_len[b] + i
+//                 reading its own keys j < past_len[b] + q_len[b] (seq_lengths); its padded
+//                 rows are stored as zeros, and a block wholly in the padding stores its
+//                 zeros and walks no KV tile
 //
 // The algorithm is hipkernel/model.py's docstring, step for step, as in the other paths:
 // start-tile clamp from the Q tile's first row, the per-row visibility predicate, zero-fill
@@ -25,8 +31,8 @@
 //   softmax      per lane, on one row: its max and sum over the lanes that share the row
 //                (l ^ 16 for WMMA; l ^ 16, l ^ 32 for MFMA), so m, l and alpha are scalars.
 //   O^T += V^T P^T  A = the transposed V tile (a lane: dim l % 16 of a 16-dim block), B = P^T
-//                (a lane: row l % 16's p of 16 keys, rounded to fp16 as model.py does for the
-//                tensor-core paths). MFMA's accumulator holds exactly the keys its B slice
+//                (a lane: row l % 16's p of 16 keys, rounded to fp16, bf16 in a bf16 kernel,
+//                as model.py does for the tensor-core paths). MFMA's accumulator holds exactly the keys its B slice
 //                wants; WMMA's holds every other key, and one exchange with lane l ^ 16
 //                completes it. O^T's accumulator gives lane l dims mma_acc_row(v, l) of its row.
 // A wave skips a KV tile in which none of its rows sees a key, as the mma path's warps do
@@ -108,7 +114,9 @@ extern "C" __global__ HK_LAUNCH_BOUNDS(NTHREADS) void gqa_flash_prefill(
     int Sq, int Hq, int Hkv, int S_cap, int past_len,
     int window,                      // -1 = none, else W >= 1 keys (ORT convention)
     int sink_mode,                   // 0 none, 1 per-head sink[h], 2 smooth (sigma = 0)
-    float scale) {
+    float scale,
+    const int* HK_RESTRICT past_lens,  // (B,) per-sequence past_len, or null: past_len for all
+    const int* HK_RESTRICT q_lens) {   // (B,) valid query rows, <= Sq, or null: Sq for all
     __shared__ __attribute__((aligned(16))) half_t k_s[BKV * KS];        // keys x dims
     __shared__ __attribute__((aligned(16))) half_t vt_s[HEAD_DIM * VS];  // dims x keys
 
@@ -118,12 +126,22 @@ extern "C" __global__ HK_LAUNCH_BOUNDS(NTHREADS) void gqa_flash_prefill(
     const int k0 = mma_k0(l);
     const int b = hk_block_z(), h = hk_block_y();
     const int kvh = kv_head(h, Hq, Hkv);
-    const int skv = past_len + Sq;  // keys that exist; [skv, S_cap) is never read
-    const int past = query_base(past_len);
+    // This sequence's lengths, the sequence whose cache the block reads (kv_b; keys j < skv
+    // exist, [skv, S_cap) is never read) and the rows it computes (i < n_rows; [n_rows, Sq)
+    // is padding).
+    int past_b, rows, skv;
+    seq_lengths(past_lens, q_lens, b, past_len, Sq, past_b, rows, skv);
+    const int i0 = hk_block_x() * BM;
+    const int kv_b = kv_seq(b, i0, rows, Sq, S_cap, past_b, skv);
+    const int n_rows = computed_rows(rows, Sq);
+    if (i0 >= n_rows) {  // wholly in the padding: its zeros, and no KV tile
+        store_zero_rows(out, b, Sq, Hq, h, 1, i0, i0 + BM < Sq ? i0 + BM : Sq, tid, NTHREADS);
+        return;
+    }
+    const int past = query_base(past_b);
 
     // The block's Q tile and the KV tiles it walks.
-    const int i0 = hk_block_x() * BM;
-    const int i_last = (i0 + BM < Sq ? i0 + BM : Sq) - 1;
+    const int i_last = (i0 + BM < n_rows ? i0 + BM : n_rows) - 1;
     const int p_first = past + i0, p_last = past + i_last;
     const int kv_start = kv_start_of(p_first, window);
     const int t0 = first_tile(p_first, p_last, window, BKV);
@@ -133,11 +151,11 @@ extern "C" __global__ HK_LAUNCH_BOUNDS(NTHREADS) void gqa_flash_prefill(
 
     // This wave's 16 rows and this lane's row.
     const int iw = i0 + 16 * wave;
-    const bool wave_live = iw < Sq;  // a wave wholly past Sq computes nothing
+    const bool wave_live = iw < n_rows;  // a wave wholly past its rows computes nothing
     (void)wave_live;                 // (but for EMU_BLOCK_SYNC)
     const int pw_first = past + iw, pw_last = pw_first + 15;
     const int i_row = iw + r16;
-    const bool ok = i_row < Sq;  // a row past Sq computes but stores nothing
+    const bool ok = i_row < n_rows;  // a padded row or one past Sq computes with q = 0
     const int p = past + i_row;
 
     // Q^T as B operands: qb[kc] holds dims [16 kc + k0, 16 kc + k0 + MMA_KL) of the lane's row.
@@ -160,7 +178,7 @@ extern "C" __global__ HK_LAUNCH_BOUNDS(NTHREADS) void gqa_flash_prefill(
 #pragma unroll
         for (int e = 0; e < MMA_ACC; ++e) o[nd][e] = 0.0f;
 
-    const hk_u64 kv_base = ((hk_u64)b * Hkv + kvh) * (hk_u64)S_cap * HEAD_DIM;
+    const hk_u64 kv_base = ((hk_u64)kv_b * Hkv + kvh) * (hk_u64)S_cap * HEAD_DIM;
     const half_t* kg = k + kv_base;
     const half_t* vg = v + kv_base;
 
@@ -253,7 +271,7 @@ extern "C" __global__ HK_LAUNCH_BOUNDS(NTHREADS) void gqa_flash_prefill(
 #pragma unroll
             for (int e = 0; e < MMA_ACC; ++e) o[nd][e] *= alpha;
 
-        // O^T += V^T P^T over every key of the tile, P rounded to fp16. The B slice of chunk kb
+        // O^T += V^T P^T over every key of the tile, P rounded to fp16 (bf16; p_pack). The B slice of chunk kb
         // is the row's p of keys 16 kb + k0 + [0, MMA_KL).
 #pragma unroll
         for (int kb = 0; kb < NKB; ++kb) {
@@ -263,12 +281,12 @@ extern "C" __global__ HK_LAUNCH_BOUNDS(NTHREADS) void gqa_flash_prefill(
 #pragma unroll
             for (int w = 0; w < MMA_KW; ++w) {
                 const float mine = s[kb][w], other = hk_wave_xor(mine, 16, l);
-                pb[w] = (l & 16) ? hk_pack(other, mine) : hk_pack(mine, other);
+                pb[w] = (l & 16) ? p_pack(other, mine) : p_pack(mine, other);
             }
 #else
             // Lane l holds keys 4 (l / 16) + e: its slice already.
 #pragma unroll
-            for (int w = 0; w < MMA_KW; ++w) pb[w] = hk_pack(s[kb][2 * w], s[kb][2 * w + 1]);
+            for (int w = 0; w < MMA_KW; ++w) pb[w] = p_pack(s[kb][2 * w], s[kb][2 * w + 1]);
 #endif
 #pragma unroll
             for (int nd = 0; nd < ND; ++nd) {
@@ -280,13 +298,14 @@ extern "C" __global__ HK_LAUNCH_BOUNDS(NTHREADS) void gqa_flash_prefill(
     }
 
     // Epilogue: out = acc * row_fac, the sink folded in (flash_common.h row_scale), as the model
-    // rounds. Lane l writes dims 16 nd + mma_acc_row(e, l) of its row.
+    // rounds; a padded row's zeros. Lane l writes dims 16 nd + mma_acc_row(e, l) of its row.
     const float row_fac = row_scale(m, lsum, has_sink, sig2);
-    if (ok) {
+    if (row_stored(i_row, n_rows, Sq)) {
         half_t* orow = out + (((hk_u64)b * Sq + i_row) * Hq + h) * HEAD_DIM;
 #pragma unroll
         for (int nd = 0; nd < ND; ++nd)
 #pragma unroll
-            for (int e = 0; e < MMA_ACC; ++e) orow[16 * nd + mma_acc_row(e, l)] = hk_f2h(o[nd][e] * row_fac);
+            for (int e = 0; e < MMA_ACC; ++e)
+                orow[16 * nd + mma_acc_row(e, l)] = ok ? hk_f2h(o[nd][e] * row_fac) : (half_t)0;
     }
 }

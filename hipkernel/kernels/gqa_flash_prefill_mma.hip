@@ -1,5 +1,6 @@
 // gqa_flash_prefill_mma.hip: the fused GQA flash-attention prefill on NVIDIA tensor cores
-// (mma.sync m16n8k16, fp16 in, fp32 accumulate; sm_80 and newer), FlashAttention-2 style.
+// (mma.sync m16n8k16, fp16 or bf16 in, fp32 accumulate; sm_80 and newer), FlashAttention-2
+// style.
 //
 // NVIDIA ONLY. This file has no AMD implementation: hipkernel.config offers its
 // configs (path "mma") only for sm_80+ targets, and AMD keeps gqa_flash_prefill.hip.
@@ -9,7 +10,8 @@
 //   compile-time  HEAD_DIM (64 | 128), M_TILES (16-row groups), BKV (keys per tile),
 //                 WARP_M (16-row groups a warp owns, 1 or 2; default 1),
 //                 PACK (query heads of one KV head a block packs, 1, 2, 4 or 8; default 1),
-//                 QWALK (Q tiles a block walks, 1, 2, 4 or 8; default 1)
+//                 QWALK (Q tiles a block walks, 1, 2, 4 or 8; default 1),
+//                 HK_BF16 (0 | 1: q, k, v, out, and P before P.V, in bf16; portable.h)
 //   grid          (ceil(ceil(Sq / BP) / QWALK), Hq / PACK, B): block x takes Q tiles
 //                 [QWALK x, QWALK x + QWALK) in turn. A Q tile is BM = 16 * M_TILES rows,
 //                 BP = BM / PACK query positions of PACK heads: row r of Q tile qt is position
@@ -26,6 +28,11 @@
 //                 QWALK > 1, KV_RING of them when that is more (as many as fit in 48 KiB)
 //                 (hipkernel.config.KernelConfig.smem_bytes mirrors this)
 //   pointers      q, k, v, out 16-byte aligned
+//   ragged        block z = b is sequence b, with its own lengths (past_lens / q_lens, null:
+//                 past_len / Sq for every sequence; seq_lengths): its valid rows i < q_len[b]
+//                 at past_len[b] + i, its own keys j < past_len[b] + q_len[b]; padded rows
+//                 (q_len[b] <= i < Sq) stored as zeros, and a Q tile wholly in the padding
+//                 stores its zeros and walks no KV tile
 //
 // The algorithm is hipkernel/model.py's docstring, the same as the scalar kernel's, step for
 // step: start-tile clamp from the Q tile's first row, the per-row visibility predicate,
@@ -39,7 +46,7 @@
 //                the shared-memory traffic per MMA); S accumulates in fp32 registers.
 //   softmax      on the accumulator fragments: a row is held by the 4 lanes 4g..4g+3, so its
 //                max and sum take two xor-shuffles.
-//   O += P V     P is rounded to fp16 and reused in registers as the A operand (the S
+//   O += P V     P is rounded to fp16 (bf16 in a bf16 kernel) and reused in registers as the A operand (the S
 //                accumulator layout of two adjacent 8-key blocks is the A layout of one
 //                16-key chunk); V fragments come by ldmatrix.trans, reused like K's.
 //                model.py rounds P the same way for path "mma".
@@ -166,6 +173,94 @@ HK_INLINE bool visible(int p, int j, int window) {
     return j <= p && (window < 0 || j >= window_lo(p, window));
 }
 
+// Sequence b's lengths (a ragged batch; null pointers: the uniform call): `past`, its
+// past_len; `rows`, its valid rows q_len[b]; `skv`, the keys it may read, past + rows.
+HK_INLINE void seq_lengths(const int* past_lens, const int* q_lens, int b, int past_len, int Sq,
+                           int& past, int& rows, int& skv) {
+    past = past_lens != nullptr ? past_lens[b] : past_len;
+    rows = q_lens != nullptr ? q_lens[b] : Sq;
+    skv = past + rows;
+#ifdef HIPKERNEL_MUTANT_RAGGED_MAX_DIAG
+    // every sequence takes the batch's longest lengths: the diagonal of max_s past_len[s]
+    // and the key bound max_s (past_len[s] + q_len[s]), past its own cache
+    for (int s = 0; s < hk_grid_z(); ++s) {
+        const int ps = past_lens != nullptr ? past_lens[s] : past_len;
+        const int ks = ps + (q_lens != nullptr ? q_lens[s] : Sq);
+        past = ps > past ? ps : past;
+        skv = ks > skv ? ks : skv;
+    }
+#endif
+}
+
+// The rows a Q tile computes, [0, n): the valid rows (n = rows). Under padded_row_next_seq a
+// padded row is computed as an ordinary row and stored: every row below Sq.
+HK_INLINE int computed_rows(int rows, int Sq) {
+#ifdef HIPKERNEL_MUTANT_PADDED_ROW_NEXT_SEQ
+    (void)rows;
+    return Sq;
+#else
+    (void)Sq;
+    return rows;
+#endif
+}
+
+// The sequence whose cache the Q tile of first row i0 reads, and its key bound skv (in: the
+// sequence's own): sequence b. Under padded_row_next_seq a Q tile wholly in the padding
+// (i0 >= rows, the valid rows) reads sequence (b + 1) % B's cache up to key
+// min(S_cap, past + Sq); a tile that straddles rows reads sequence b's, whose K/V tiles all
+// its rows share.
+HK_INLINE int kv_seq(int b, int i0, int rows, int Sq, int S_cap, int past, int& skv) {
+#ifdef HIPKERNEL_MUTANT_PADDED_ROW_NEXT_SEQ
+    if (i0 >= rows) {
+        skv = past + Sq < S_cap ? past + Sq : S_cap;
+        return b + 1 < hk_grid_z() ? b + 1 : 0;
+    }
+#else
+    (void)i0, (void)rows, (void)Sq, (void)S_cap, (void)past, (void)skv;
+#endif
+    return b;
+}
+
+// Whether the epilogue stores row i: every row below Sq, a padded row (rows <= i) as zeros;
+// under padding_not_written the padded rows are skipped.
+HK_INLINE bool row_stored(int i, int rows, int Sq) {
+#ifdef HIPKERNEL_MUTANT_PADDING_NOT_WRITTEN
+    (void)Sq;
+    return i < rows;
+#else
+    (void)rows;
+    return i < Sq;
+#endif
+}
+
+// The zeros of Q tiles wholly in the padding: out's rows [i_lo, i_hi) of heads [h0, h0 + nh)
+// (contiguous in each row), 16 bytes a store by the block's nthreads threads (this one
+// `tid`). Under padding_not_written nothing is stored.
+HK_INLINE void store_zero_rows(half_t* out, int b, int Sq, int Hq, int h0, int nh, int i_lo, int i_hi,
+                               int tid, int nthreads) {
+#ifdef HIPKERNEL_MUTANT_PADDING_NOT_WRITTEN
+    (void)out, (void)b, (void)Sq, (void)Hq, (void)h0, (void)nh, (void)i_lo, (void)i_hi, (void)tid,
+        (void)nthreads;
+#else
+    const int per_row = nh * (HEAD_DIM / 8);  // 16-byte vectors of a row's heads
+    for (int e = tid; e < (i_hi - i_lo) * per_row; e += nthreads) {
+        const int i = i_lo + e / per_row;
+        hk_vec8* row = (hk_vec8*)(out + (((hk_u64)b * Sq + i) * Hq + h0) * HEAD_DIM);
+        row[e % per_row] = hk_vec(0u, 0u, 0u, 0u);
+    }
+#endif
+}
+
+// Two p as a word of the P operand: the storage format (RNE); under bf16_p_as_fp16 a bf16
+// kernel converts with the fp16 conversion and P.V reads those bit patterns as bf16.
+HK_INLINE unsigned int p_pack(float lo, float hi) {
+#if HK_BF16 && defined(HIPKERNEL_MUTANT_BF16_P_AS_FP16)
+    return hk_pack_fp16(lo, hi);
+#else
+    return hk_pack_h2(lo, hi);
+#endif
+}
+
 extern "C" __global__ MMA_LAUNCH_BOUNDS void gqa_flash_prefill(
     const half_t* HK_RESTRICT q,     // (B, Sq, Hq, D)      contiguous
     const half_t* HK_RESTRICT k,     // (B, Hkv, S_cap, D)  contiguous, S_cap >= past_len + Sq
@@ -175,7 +270,9 @@ extern "C" __global__ MMA_LAUNCH_BOUNDS void gqa_flash_prefill(
     int Sq, int Hq, int Hkv, int S_cap, int past_len,
     int window,                      // -1 = none, else W >= 1 keys (ORT convention)
     int sink_mode,                   // 0 none, 1 per-head sink[h], 2 smooth (sigma = 0)
-    float scale) {
+    float scale,
+    const int* HK_RESTRICT past_lens,  // (B,) per-sequence past_len, or null: past_len for all
+    const int* HK_RESTRICT q_lens) {   // (B,) valid query rows, <= Sq, or null: Sq for all
     __shared__ __attribute__((aligned(16))) half_t k_s[KV_SLOTS * KV_TILE];  // keys x dims
     __shared__ __attribute__((aligned(16))) half_t v_s[KV_SLOTS * KV_TILE];
 
@@ -193,11 +290,12 @@ extern "C" __global__ MMA_LAUNCH_BOUNDS void gqa_flash_prefill(
 #else
     const int kvh = h0 / (Hq / Hkv);  // G = Hq / Hkv query heads share a KV head
 #endif
-    const int skv = past_len + Sq;  // keys that exist; [skv, S_cap) is never read
+    int past_b, rows, skv_b;  // this sequence's past_len, valid rows and keys (seq_lengths)
+    seq_lengths(past_lens, q_lens, b, past_len, Sq, past_b, rows, skv_b);
 #ifdef HIPKERNEL_MUTANT_PAST_LEN_IGNORED
     const int past = 0;  // top-left causal alignment
 #else
-    const int past = past_len;  // row i sits at absolute position past_len + i
+    const int past = past_b;  // row i sits at absolute position past_len[b] + i
 #endif
 
 #if QWALK > 1
@@ -207,7 +305,9 @@ extern "C" __global__ MMA_LAUNCH_BOUNDS void gqa_flash_prefill(
     // only, so one bound holds for every block (hipkernel.config.KernelConfig.ring_serves
     // mirrors it).
     bool ring = false;
-#if KV_SLOTS > KV_STAGES && !defined(HIPKERNEL_MUTANT_WINDOW_SKIP_OFF)  // (its walks start at key 0)
+    // (not under window_skip_off, whose walks start at key 0, nor padded_row_next_seq, whose
+    // Q tiles in the padding read another sequence's cache)
+#if KV_SLOTS > KV_STAGES && !defined(HIPKERNEL_MUTANT_WINDOW_SKIP_OFF) && !defined(HIPKERNEL_MUTANT_PADDED_ROW_NEXT_SEQ)
     if (window > 0) {
         int span_max = 0;
         for (int r = 0; r < (BKV > BP ? BKV / BP : 1); ++r) {
@@ -221,15 +321,28 @@ extern "C" __global__ MMA_LAUNCH_BOUNDS void gqa_flash_prefill(
     const int nqt = (Sq + BP - 1) / BP;
     const int qt_first = hk_block_x() * QWALK;
     const int qt_stop = qt_first + QWALK < nqt ? qt_first + QWALK : nqt;
-    int loaded = 0;  // with the ring: the next KV tile to load (the ring holds those below)
-    for (int qt = qt_first; qt < qt_stop; ++qt) {
 #else
-    {
-        const int qt = hk_block_x();
+    const int qt_first = hk_block_x(), qt_stop = qt_first + 1;
 #endif
-        // This Q tile's positions and the KV range they can reach.
+    // The block's Q tiles wholly in the padding, [qt_pad, qt_stop), walk no KV tile and store
+    // their zeros (all PACK heads of their positions) after the others' walk (stored before
+    // it, ptxas spilled mma_m4_b64 and the walking tiles).
+    const int n_rows = computed_rows(rows, Sq);  // a Q tile computes its rows i < n_rows
+    const int qt_live = (n_rows + BP - 1) / BP;
+    const int qt_pad = qt_live < qt_first ? qt_first : qt_live < qt_stop ? qt_live : qt_stop;
+#if QWALK > 1
+    int loaded = 0;  // with the ring: the next KV tile to load (the ring holds those below)
+    for (int qt = qt_first; qt < qt_pad; ++qt) {
+#else
+    if (qt_first < qt_pad) {
+        const int qt = qt_first;
+#endif
+        // This Q tile's positions, the sequence whose keys it reads (keys j < skv of sequence
+        // kv_b) and the KV range its rows can reach.
         const int i0 = qt * BP;
-        const int i_last = (i0 + BP < Sq ? i0 + BP : Sq) - 1;
+        int skv = skv_b;
+        const int kv_b = kv_seq(b, i0, rows, Sq, S_cap, past_b, skv);
+        const int i_last = (i0 + BP < n_rows ? i0 + BP : n_rows) - 1;
         const int p_first = past + i0, p_last = past + i_last;
         const int kv_end = p_last + 1;
 #ifdef HIPKERNEL_MUTANT_WINDOW_SKIP_OFF
@@ -257,7 +370,7 @@ extern "C" __global__ MMA_LAUNCH_BOUNDS void gqa_flash_prefill(
 #else
         const bool has_sink = sink_mode == 1 || sink_mode == 2;
 #endif
-        const float sigma = sink_mode == 1 ? hk_h2f(sink[h]) : 0.0f;
+        const float sigma = sink_mode == 1 ? hk_fp16_value(sink[h]) : 0.0f;  // fp16 in every kernel
 #ifdef HIPKERNEL_MUTANT_SINK_NO_LOG2E
         const float sig2 = sigma;
 #else
@@ -267,7 +380,7 @@ extern "C" __global__ MMA_LAUNCH_BOUNDS void gqa_flash_prefill(
         // This warp's WR rows, at positions [iw, iw + WR / PACK); this lane's rows are block rows
         // WR w + 16f + g + 8r (group f, r = 0, 1), at positions i0 + (WR w + 16f + g + 8r) / PACK.
         const int iw = i0 + WR * warp / PACK;
-        const bool warp_live = iw < Sq;  // a warp wholly past Sq computes nothing
+        const bool warp_live = iw < n_rows;  // a warp wholly past its valid rows computes nothing
         const int pw_first = past + iw, pw_last = pw_first + WR / PACK - 1;
         int p_r[WARP_M][2], i_r[WARP_M][2];
         bool ok_r[WARP_M][2];
@@ -277,7 +390,7 @@ extern "C" __global__ MMA_LAUNCH_BOUNDS void gqa_flash_prefill(
             for (int r = 0; r < 2; ++r) {
                 i_r[f][r] = i0 + (WR * warp + 16 * f + g + 8 * r) / PACK;
                 p_r[f][r] = past + i_r[f][r];
-                ok_r[f][r] = i_r[f][r] < Sq;  // rows past Sq compute but store nothing
+                ok_r[f][r] = i_r[f][r] < n_rows;  // padded rows and rows past Sq compute with q = 0
             }
 
         // Q as A fragments, for the whole block: qf[f][kc] holds dims [16kc, 16kc + 16) of group f.
@@ -318,7 +431,7 @@ extern "C" __global__ MMA_LAUNCH_BOUNDS void gqa_flash_prefill(
                 for (int e = 0; e < 4; ++e) o[f][nd][e] = 0.0f;
         }
 
-        const hk_u64 kv_base = ((hk_u64)b * Hkv + kvh) * (hk_u64)S_cap * HEAD_DIM;
+        const hk_u64 kv_base = ((hk_u64)kv_b * Hkv + kvh) * (hk_u64)S_cap * HEAD_DIM;
         const half_t* kg = k + kv_base;
         const half_t* vg = v + kv_base;
         const unsigned int k_s0 = hk_smem_u32(k_s), v_s0 = hk_smem_u32(v_s);
@@ -468,18 +581,19 @@ extern "C" __global__ MMA_LAUNCH_BOUNDS void gqa_flash_prefill(
                         for (int e = 0; e < 4; ++e) o[f][nd][e] *= alpha[e >> 1];
                 }  // row group f
 
-                // acc += P.V over every key of the tile, P rounded to fp16: p = 0 times a key no
-                // row may see is why the load zero-fills them. Each V fragment feeds every group.
+                // acc += P.V over every key of the tile, P rounded to fp16 (bf16; p_pack): p = 0
+                // times a key no row may see is why the load zero-fills them. Each V fragment
+                // feeds every group.
 #pragma unroll
                 for (int kc = 0; kc < KC_P; ++kc) {
                     // The S fragments of key blocks 2kc and 2kc + 1 are the A fragment of chunk kc.
                     unsigned int pa[WARP_M][4];
 #pragma unroll
                     for (int f = 0; f < WARP_M; ++f) {
-                        pa[f][0] = hk_pack_f16x2(s[f][2 * kc][0], s[f][2 * kc][1]);
-                        pa[f][1] = hk_pack_f16x2(s[f][2 * kc][2], s[f][2 * kc][3]);
-                        pa[f][2] = hk_pack_f16x2(s[f][2 * kc + 1][0], s[f][2 * kc + 1][1]);
-                        pa[f][3] = hk_pack_f16x2(s[f][2 * kc + 1][2], s[f][2 * kc + 1][3]);
+                        pa[f][0] = p_pack(s[f][2 * kc][0], s[f][2 * kc][1]);
+                        pa[f][1] = p_pack(s[f][2 * kc][2], s[f][2 * kc][3]);
+                        pa[f][2] = p_pack(s[f][2 * kc + 1][0], s[f][2 * kc + 1][1]);
+                        pa[f][3] = p_pack(s[f][2 * kc + 1][2], s[f][2 * kc + 1][3]);
                     }
 #pragma unroll
                     for (int nd = 0; nd < NB_O; nd += 2) {
@@ -576,14 +690,18 @@ extern "C" __global__ MMA_LAUNCH_BOUNDS void gqa_flash_prefill(
 #endif
 #endif
             }
-            // Lane (g, t4) writes dims 8nd + 2 t4, 8nd + 2 t4 + 1 of its row.
-            if (ok_r[f][r]) {
+            // Lane (g, t4) writes dims 8nd + 2 t4, 8nd + 2 t4 + 1 of its row; a padded row
+            // (n_rows <= i < Sq) zeros.
+            if (row_stored(i_r[f][r], n_rows, Sq)) {
                 half_t* orow = out + (((hk_u64)b * Sq + i_r[f][r]) * Hq + h) * HEAD_DIM + 2 * t4;
                 const float scale = l_fin == 0.0f ? 0.0f : fac * hk_rcp(l_fin);
 #pragma unroll
                 for (int nd = 0; nd < NB_O; ++nd)
-                    *(unsigned int*)(orow + 8 * nd) = hk_pack_f16x2(o[f][nd][2 * r] * scale, o[f][nd][2 * r + 1] * scale);
+                    *(unsigned int*)(orow + 8 * nd) =
+                        ok_r[f][r] ? hk_pack_h2(o[f][nd][2 * r] * scale, o[f][nd][2 * r + 1] * scale) : 0u;
             }
         }
     }  // Q tile
+    if (qt_pad < qt_stop)
+        store_zero_rows(out, b, Sq, Hq, h0, PACK, qt_pad * BP, qt_stop * BP < Sq ? qt_stop * BP : Sq, tid, NTHREADS);
 }

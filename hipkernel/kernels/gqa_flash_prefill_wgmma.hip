@@ -9,7 +9,8 @@
 //                 a producer warpgroup, below; with it TMA and OVERLAP, on by default),
 //                 RESCALE_LOG2 (lazy rescaling, flash_rows.h; KernelConfig.rescale_log2
 //                 sets it, the model follows), ROWSUM_MMA (0 | 1: l summed on the tensor
-//                 cores, below; KernelConfig.rowsum_mma sets it, the model follows)
+//                 cores, below; KernelConfig.rowsum_mma sets it, the model follows),
+//                 HK_BF16 (0 | 1: q, k, v, out, and P before P.V, in bf16; portable.h)
 //   grid          (ceil(Sq / BM), Hq, B), BM = 16 * M_TILES
 //   block         32 * M_TILES threads = M_TILES / 4 warpgroups, + 128 with WS; warpgroup w
 //                 < M_TILES / 4 owns query rows [64 w, 64 w + 64) of the Q tile, its warp x
@@ -21,16 +22,24 @@
 //                 default 48 KiB), BKV x HEAD_DIM halves a tile, in wgmma's 128-byte
 //                 swizzled layout (below), each tile 1024-byte aligned
 //   pointers      q, k, v, out 16-byte aligned
-//   tensor maps   with WS two more parameters after scale, the K and the V tensor maps of the
-//                 producer's TMA copies (below; hipkernel.api.kv_tensor_maps encodes them)
+//   ragged        past_lens, q_lens after scale (null: past_len / Sq for every sequence):
+//                 block z = b is sequence b, its valid rows i < q_len[b] at past_len[b] + i
+//                 reading its own keys j < past_len[b] + q_len[b] (seq_lengths); its padded
+//                 rows are stored as zeros, and a block wholly in the padding stores its
+//                 zeros and walks no KV tile. Not with TMA (below): its tensor maps bound
+//                 every sequence's keys by one row count, so a TMA kernel traps on a ragged
+//                 launch, and the host never makes one (hipkernel.api refuses a TMA config
+//                 for a ragged call, and the tuner does not offer one)
+//   tensor maps   with WS two more parameters after those, the K and the V tensor maps of
+//                 the producer's TMA copies (below; hipkernel.api.kv_tensor_maps encodes them)
 //
 // The algorithm is the mma path's, step for step, with the per-row steps in
 // flash_rows.h (start-tile clamp, visibility, zero-fill of keys no row may see, online
 // softmax with the NaN guard, the sink epilogue). What differs is who multiplies:
 //   S = Q K^T    one wgmma m64 n BKV k16 per 16 dims: Q from registers (each warp's A
 //                fragments, loaded once), K from shared memory by descriptor.
-//   O += P V     one wgmma m64 n HEAD_DIM k16 per 16 keys: P (rounded to fp16, as model.py
-//                does for the tensor-core paths) from registers, V from shared memory,
+//   O += P V     one wgmma m64 n HEAD_DIM k16 per 16 keys: P (rounded to fp16, bf16 in a bf16
+//                kernel, as model.py does for the tensor-core paths) from registers, V from shared memory,
 //                read transposed (MN-major) by the same descriptor mechanism.
 //   l += P 1     with ROWSUM_MMA, one wgmma m64 n8 k16 per 16 keys beside P V's, B the
 //                block of ones: l sums the fp16 P that P V multiplies (else, as in the mma
@@ -326,7 +335,9 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     int Sq, int Hq, int Hkv, int S_cap, int past_len,
     int window,                      // -1 = none, else W >= 1 keys (ORT convention)
     int sink_mode,                   // 0 none, 1 per-head sink[h], 2 smooth (sigma = 0)
-    float scale
+    float scale,
+    const int* HK_RESTRICT past_lens,  // (B,) per-sequence past_len, or null: past_len for all
+    const int* HK_RESTRICT q_lens      // (B,) valid query rows, <= Sq, or null: Sq for all
 #if TMA
     , const __grid_constant__ hk_tensor_map tmap_k,  // k as (D, skv, B Hkv): box (64, BKV, 1)
     const __grid_constant__ hk_tensor_map tmap_v     // v, the same
@@ -351,14 +362,25 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     const int t4 = lane & 3;  // ... and its fragment columns 2 * t4, 2 * t4 + 1 (+ 8)
     const int qt = hk_block_x(), h = hk_block_y(), b = hk_block_z();
     const int kvh = kv_head(h, Hq, Hkv);
-#if !TMA  // (with TMA the tensor maps' bound: hipkernel.api.kv_tensor_maps)
-    const int skv = past_len + Sq;  // keys that exist; [skv, S_cap) is never read
+#if TMA
+    if (past_lens != nullptr || q_lens != nullptr) __trap();  // ragged: not with TMA (header)
 #endif
-    const int past = query_base(past_len);  // row i sits at absolute position past + i
+    // This sequence's lengths, the sequence whose cache the block reads (kv_b; keys j < skv
+    // exist, [skv, S_cap) is never read; with TMA the tensor maps' bound, hipkernel.api.
+    // kv_tensor_maps) and the rows it computes (i < n_rows; [n_rows, Sq) is padding).
+    int past_b, rows, skv;
+    seq_lengths(past_lens, q_lens, b, past_len, Sq, past_b, rows, skv);
+    const int i0 = qt * BM;
+    const int kv_b = kv_seq(b, i0, rows, Sq, S_cap, past_b, skv);
+    const int n_rows = computed_rows(rows, Sq);
+    if (i0 >= n_rows) {  // wholly in the padding: its zeros, and no KV tile
+        store_zero_rows(out, b, Sq, Hq, h, 1, i0, i0 + BM < Sq ? i0 + BM : Sq, tid, NTHREADS);
+        return;
+    }
+    const int past = query_base(past_b);  // row i sits at absolute position past + i
 
     // This block's rows and the KV range they can reach.
-    const int i0 = qt * BM;
-    const int i_last = (i0 + BM < Sq ? i0 + BM : Sq) - 1;
+    const int i_last = (i0 + BM < n_rows ? i0 + BM : n_rows) - 1;
     const int p_first = past + i0, p_last = past + i_last;
     const int kv_start = kv_start_of(p_first, window);
     const int t0 = first_tile(p_first, p_last, window, BKV);
@@ -369,13 +391,13 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     // after the stages' barriers (KernelConfig.dynamic_smem_bytes: 16 bytes more with WS): the
     // barrier a windowed first tile's copies land on, then (OVERLAP) the sink logit's word
     const unsigned int first_bar = hk_smem_u32(kv_s) + BARS_AT + KV_STAGES * 16u;
-    const int bh = b * Hkv + kvh;               // the tensor maps' third coordinate
+    const int bh = kv_b * Hkv + kvh;            // the tensor maps' third coordinate
     const int below = kv_start - t0 * BKV;      // keys of the first tile below every row's window
 #endif
 
 #if ROWSUM_MMA
     if (tid < ONES_BYTES / 16) {  // visible to wgmma after the fence and the first block barrier
-        hk_st_shared_16(hk_smem_u32(kv_s) + KV_STAGES * 2u * TILE_BYTES + 16u * tid, 0x3c003c00u);  // 8 fp16 ones
+        hk_st_shared_16(hk_smem_u32(kv_s) + KV_STAGES * 2u * TILE_BYTES + 16u * tid, HK_BF16 ? 0x3f803f80u : 0x3c003c00u);  // 8 ones
         hk_fence_proxy_async();
     }
 #endif
@@ -436,7 +458,7 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
         }
         return;
 #else
-        const hk_u64 kv_base = ((hk_u64)b * Hkv + kvh) * (hk_u64)S_cap * HEAD_DIM;
+        const hk_u64 kv_base = ((hk_u64)kv_b * Hkv + kvh) * (hk_u64)S_cap * HEAD_DIM;
         const unsigned int k_s0 = hk_smem_u32(k_s), v_s0 = hk_smem_u32(v_s);
         int st = 0, round = 0;
         for (int t = t0; t < t_end; ++t) {
@@ -455,7 +477,7 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
 
     // This warpgroup's 64 rows, this warp's 16 of them, this lane's two.
     const int ig = i0 + 64 * (warp >> 2);
-    const bool group_live = ig < Sq;  // a warpgroup wholly past Sq computes nothing
+    const bool group_live = ig < n_rows;  // a warpgroup wholly past its rows computes nothing
     const int pg_first = past + ig, pg_last = pg_first + 63;
     const int iw = ig + 16 * (warp & 3);
     const int pw_first = past + iw, pw_last = pw_first + 15;
@@ -479,7 +501,7 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         i_r[r] = iw + g + 8 * r;
-        qrow[r] = i_r[r] < Sq ? q + (((hk_u64)b * Sq + i_r[r]) * Hq + h) * HEAD_DIM + 2 * t4 : nullptr;
+        qrow[r] = i_r[r] < n_rows ? q + (((hk_u64)b * Sq + i_r[r]) * Hq + h) * HEAD_DIM + 2 * t4 : nullptr;
     }
     unsigned int qf[KC_S][4];  // Q as A fragments, for the whole block
     load_q_fragments(qf, qrow);
@@ -498,7 +520,7 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
         for (int e = 0; e < 4; ++e) o[nd][e] = 0.0f;
 
 #if !WS  // every thread loads its share of the tiles
-    const hk_u64 kv_base = ((hk_u64)b * Hkv + kvh) * (hk_u64)S_cap * HEAD_DIM;
+    const hk_u64 kv_base = ((hk_u64)kv_b * Hkv + kvh) * (hk_u64)S_cap * HEAD_DIM;
     const half_t* kg = k + kv_base;
     const half_t* vg = v + kv_base;
 #endif
@@ -752,17 +774,20 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     settle(st);  // the last tile's P.V
 #endif
 
-    // Epilogue: the sink, then out = acc * (1 / l).
+    // Epilogue: the sink, then out = acc * (1 / l); a padded row's zeros.
     half_t* orow[2];
+    bool valid[2];
 #pragma unroll
-    for (int r = 0; r < 2; ++r)
-        orow[r] = i_r[r] < Sq ? out + (((hk_u64)b * Sq + i_r[r]) * Hq + h) * HEAD_DIM + 2 * t4 : nullptr;
+    for (int r = 0; r < 2; ++r) {
+        orow[r] = row_stored(i_r[r], n_rows, Sq) ? out + (((hk_u64)b * Sq + i_r[r]) * Hq + h) * HEAD_DIM + 2 * t4 : nullptr;
+        valid[r] = i_r[r] < n_rows;
+    }
 #if ROWSUM_MMA
     const float l[2] = {ls[0][0], ls[0][2]};
 #endif
 #if OVERLAP && WS
-    finish_rows(o, m, l, has_sink, *sig2_s, orow);
+    finish_rows(o, m, l, has_sink, *sig2_s, orow, valid);
 #else
-    finish_rows(o, m, l, has_sink, sig2, orow);
+    finish_rows(o, m, l, has_sink, sig2, orow, valid);
 #endif
 }

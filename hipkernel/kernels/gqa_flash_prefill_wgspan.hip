@@ -16,7 +16,8 @@
 //   compile-time  HEAD_DIM (64 | 128), M_TILES (4, 8 or 16: a warpgroup per 64 rows), BKV
 //                 (72 or 136 keys a chunk: one wgmma of n BKV - 8 and one of n 8), PACK (1,
 //                 2, 4 or 8; default 1), QWALK (steps a block walks, 1, 2, 4 or 8; default
-//                 1), KV_STAGES (round buffers, >= 1)
+//                 1), KV_STAGES (round buffers, >= 1), HK_BF16 (0 | 1: q, k, v, out, and
+//                 P before P.V, in bf16; portable.h)
 //   grid          (ceil(ceil(Sq / BP) / QWALK), Hq / PACK, B), BP = BM / PACK positions a
 //                 step, BM = 16 * M_TILES rows: block (x, y) takes the QWALK steps of
 //                 positions [BP (QWALK x + s), BP (QWALK x + s) + BP) in turn, each of PACK
@@ -32,6 +33,12 @@
 //                 a warp for the staged epilogue (KernelConfig.dynamic_smem_bytes,
 //                 KernelConfig.span_rows)
 //   pointers      q, k, v, out 16-byte aligned
+//   ragged        past_lens, q_lens after scale (null: past_len / Sq for every sequence):
+//                 block z = b is sequence b, its valid rows i < q_len[b] at past_len[b] + i
+//                 reading its own keys j < past_len[b] + q_len[b] (seq_lengths); units
+//                 wholly in the padding walk nothing and their rows, like every padded row,
+//                 are stored as zeros; a block wholly in the padding stores its zeros and
+//                 walks nothing
 //
 // The chunks. A unit's first key lo_u is its first row's first visible key (the start clamp
 // of model.py, with its mutants, span_lo); the block's first, kv_base, is unit 0's. Unit u
@@ -54,7 +61,7 @@
 //                descriptor from the unit's first row of the round
 //   mask         an 8-key block every row of the warp sees whole is not tested (under a
 //                window all but the chunk's two ends)
-//   O += P V     ceil(BKV / 16) wgmma m64 n HEAD_DIM k16, P (fp16) from registers; the
+//   O += P V     ceil(BKV / 16) wgmma m64 n HEAD_DIM k16, P (fp16, bf16 in a bf16 kernel) from registers; the
 //                last 16-key step's upper 8 keys (the 8 keys after the chunk) take p = 0.
 //                A unit's first chunk overwrites the accumulator (no acc *= alpha, no zeroing)
 //   epilogue     out = acc * scale, one factor a row (flash_common.h row_scale); at d 64
@@ -161,12 +168,13 @@ HK_INLINE int span_lo(int p_first, int p_last, int window) {
     return j;
 }
 
-// The first key of unit u's chunks, and how many it walks (0: none of its rows exist).
-HK_INLINE void unit_span(int u, int i0, int Sq, int past, int window, int kv_base, int& a, int& n) {
+// The first key of unit u's chunks, and how many it walks (0: none of its rows is computed,
+// i < n_rows).
+HK_INLINE void unit_span(int u, int i0, int n_rows, int past, int window, int kv_base, int& a, int& n) {
     const int iw = i0 + BP_WG * u;
     a = kv_base, n = 0;
-    if (iw < Sq) {
-        const int p_first = past + iw, p_last = past + (iw + BP_WG < Sq ? iw + BP_WG : Sq) - 1;
+    if (iw < n_rows) {
+        const int p_first = past + iw, p_last = past + (iw + BP_WG < n_rows ? iw + BP_WG : n_rows) - 1;
         a = kv_base + ((span_lo(p_first, p_last, window) - kv_base) & ~7);
         n = p_last + 1 - a > 0 ? (p_last + 1 - a + BKV - 1) / BKV : 0;
     }
@@ -238,7 +246,9 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     int Sq, int Hq, int Hkv, int S_cap, int past_len,
     int window,                      // -1 = none, else W >= 1 keys (ORT convention)
     int sink_mode,                   // 0 none, 1 per-head sink[h], 2 smooth (sigma = 0)
-    float scale) {
+    float scale,
+    const int* HK_RESTRICT past_lens,  // (B,) per-sequence past_len, or null: past_len for all
+    const int* HK_RESTRICT q_lens) {   // (B,) valid query rows, <= Sq, or null: Sq for all
     extern __shared__ __attribute__((aligned(1024))) half_t kv_s[];  // the K chunks, then V's
 
     const int tid = hk_thread_x();
@@ -250,14 +260,24 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     const int h0 = PACK * hk_block_y();  // the block's first head
     const int h = h0 + g % PACK;         // this lane's rows' head
     const int kvh = kv_head(h0, Hq, Hkv);
-    const int skv = past_len + Sq;  // keys that exist; [skv, S_cap) is never read
-    const int past = query_base(past_len);  // row i sits at absolute position past + i
-
-    // The block's positions (QWALK steps of NWG warpgroups' BP_WG each), its first key
-    // (that of step 0's warpgroup 0), and the keys its loads keep from.
+    // The block's positions (QWALK steps of NWG warpgroups' BP_WG each); this sequence's
+    // lengths, the sequence whose cache the block reads (kv_b; keys j < skv exist, [skv, S_cap)
+    // is never read) and the rows it computes (i < n_rows; [n_rows, Sq) is padding).
     const int i0 = hk_block_x() * BP * QWALK;
+    const int i_end = i0 + BP * QWALK < Sq ? i0 + BP * QWALK : Sq;
+    int past_b, rows, skv;
+    seq_lengths(past_lens, q_lens, b, past_len, Sq, past_b, rows, skv);
+    const int kv_b = kv_seq(b, i0, rows, Sq, S_cap, past_b, skv);
+    const int n_rows = computed_rows(rows, Sq);
+    if (i0 >= n_rows) {  // wholly in the padding: its zeros, and no chunk
+        store_zero_rows(out, b, Sq, Hq, h0, PACK, i0, i_end, tid, NTHREADS);
+        return;
+    }
+    const int past = query_base(past_b);  // row i sits at absolute position past + i
+
+    // The block's first key (that of step 0's warpgroup 0), and the keys its loads keep from.
     const int p_first = past + i0;
-    const int kv_base = span_lo(p_first, past + (i0 + BP_WG < Sq ? i0 + BP_WG : Sq) - 1, window);
+    const int kv_base = span_lo(p_first, past + (i0 + BP_WG < n_rows ? i0 + BP_WG : n_rows) - 1, window);
     const int kv_start = kv_start_of(p_first, window);
     // The rounds of the longest walk of a warpgroup: when the stage buffers hold them all,
     // they are staged once and serve every step (a window whose span fits a chunk: one).
@@ -265,7 +285,7 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
 #pragma unroll
     for (int u = 0; u < NWG * QWALK; ++u) {
         int a, n;
-        unit_span(u, i0, Sq, past, window, kv_base, a, n);
+        unit_span(u, i0, n_rows, past, window, kv_base, a, n);
         rounds_max = n > rounds_max ? n : rounds_max;
     }
     const bool resident = rounds_max <= KV_STAGES;
@@ -278,7 +298,7 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     if (((k_s0 | v_s0) & 1023u) != 0) __trap();  // the swizzle needs 1024-byte aligned chunks
     // The KV head's K and V, recomputed at each use (nothing live across the steps for them).
     auto load = [&](int c, int st) {
-        const hk_u64 kv_off = ((hk_u64)b * Hkv + kvh) * (hk_u64)S_cap * HEAD_DIM;
+        const hk_u64 kv_off = ((hk_u64)kv_b * Hkv + kvh) * (hk_u64)S_cap * HEAD_DIM;
         load_round(k + kv_off, v + kv_off, k_s0, v_s0, kv_base + BKV * c, st, tid, kv_start, skv, S_cap);
     };
 
@@ -296,9 +316,9 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
 #pragma unroll
         for (int r = 0; r < 2; ++r) i_r[r] = i0 + BP_WG * (NWG * s + wg) + (16 * x + g + 8 * r) / PACK;
     };
-    auto q_ptrs = [&](const int (&i_r)[2], const half_t* (&qrow)[2]) {  // null past Sq
+    auto q_ptrs = [&](const int (&i_r)[2], const half_t* (&qrow)[2]) {  // null: not computed
 #pragma unroll
-        for (int r = 0; r < 2; ++r) qrow[r] = i_r[r] < Sq ? q + (row0 + (hk_u64)i_r[r] * (Hq * HEAD_DIM)) : nullptr;
+        for (int r = 0; r < 2; ++r) qrow[r] = i_r[r] < n_rows ? q + (row0 + (hk_u64)i_r[r] * (Hq * HEAD_DIM)) : nullptr;
     };
     unsigned int qf[KC_S][4];
     {
@@ -317,7 +337,7 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
 #pragma unroll
         for (int w = 0; w < NWG; ++w) {
             int a, n;
-            unit_span(NWG * s + w, i0, Sq, past, window, kv_base, a, n);
+            unit_span(NWG * s + w, i0, n_rows, past, window, kv_base, a, n);
             rounds = n > rounds ? n : rounds;
             if (w == wg) a_w = a, n_w = n;
         }
@@ -376,8 +396,8 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
 #pragma unroll
             for (int kp = 0; kp < NB_S / 2; ++kp) p_fragment(pa[kp], s_acc, kp);
 #if NB_S % 2
-            pa[KC_P - 1][0] = hk_pack_f16x2(s_acc[NB_S - 1][0], s_acc[NB_S - 1][1]);
-            pa[KC_P - 1][1] = hk_pack_f16x2(s_acc[NB_S - 1][2], s_acc[NB_S - 1][3]);
+            pa[KC_P - 1][0] = p_pack(s_acc[NB_S - 1][0], s_acc[NB_S - 1][1]);
+            pa[KC_P - 1][1] = p_pack(s_acc[NB_S - 1][2], s_acc[NB_S - 1][3]);
             pa[KC_P - 1][2] = 0u;
             pa[KC_P - 1][3] = 0u;
 #endif
@@ -431,12 +451,14 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
         }
         if (n_w == 0 && s + 1 < QWALK) load_q_fragments(qf, qrow_next);  // no chunk loaded them
 
-        // Epilogue: out = acc * scale, one factor a row with the sink folded in (flash_rows.h).
-        if (n_w == 0) continue;  // uniform over the warpgroup: no row of it exists
+        // Epilogue: out = acc * scale, one factor a row with the sink folded in (flash_rows.h);
+        // a padded row's zeros.
+        if (n_w == 0) continue;  // uniform over the warpgroup: no row of it is computed
         float scale[2];
         row_scales(m, l, has_sink, sig2, scale);
         unsigned int w[2][NB_O];
-        out_words(o, scale, w);
+        const bool valid[2] = {i_r[0] < n_rows, i_r[1] < n_rows};
+        out_words(o, scale, valid, w);
 #if STAGED_EPI
         // Through the warp's 2 KiB of shared memory: its 16 rows (row rr: position ig + (16 x
         // + rr) / PACK, head h0 + (16 x + rr) % PACK; 128 bytes of out each) written with
@@ -464,7 +486,7 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
             for (int it = 0; it < 4; ++it) {
                 const int rw = 4 * (lane >> 3) + it;  // the warp's row
                 const hk_u32x4 v = hk_lds_16(ep + 128u * rw + 16u * (c ^ (rw & 7)));
-                if (i_lane + it / PACK < Sq)
+                if (row_stored(i_lane + it / PACK, n_rows, Sq))
                     hk_stg_16(dst + (hk_u64)(it / PACK) * (Hq * HEAD_DIM) + (it % PACK) * HEAD_DIM, v);
             }
             __syncwarp();  // every lane's reads before the next step's stmatrix
@@ -472,11 +494,15 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
 #else
 #pragma unroll
         for (int r = 0; r < 2; ++r)
-            if (i_r[r] < Sq) {  // lane (g, t4) writes dims 8 nd + 2 t4, + 1 of its row
+            if (row_stored(i_r[r], n_rows, Sq)) {  // lane (g, t4) writes dims 8 nd + 2 t4, + 1 of its row
                 half_t* orow = out + (row0 + (hk_u64)i_r[r] * (Hq * HEAD_DIM));
 #pragma unroll
                 for (int nd = 0; nd < NB_O; ++nd) *(unsigned int*)(orow + 8 * nd) = w[r][nd];
             }
 #endif
     }
+    // The units wholly in the padding walked nothing: their rows' zeros, from the first
+    // unit boundary at or past n_rows.
+    const int i_dead = i0 + BP_WG * ((n_rows - i0 + BP_WG - 1) / BP_WG);
+    if (i_dead < i_end) store_zero_rows(out, b, Sq, Hq, h0, PACK, i_dead, i_end, tid, NTHREADS);
 }

@@ -9,9 +9,14 @@
 //   - clang -x hip -nogpuinc -nogpulib (AMD, offline check): nothing pre-declared and no
 //     device libraries, hence amdgcn builtins instead of ocml/ockl calls.
 //
-// fp16 tensors cross the ABI as `half_t`: 16-bit storage (the bits of an IEEE binary16),
-// converted to and from fp32 in registers.
+// q, k, v and out cross the ABI as `half_t`: 16-bit storage, converted to and from fp32 in
+// registers. The format is chosen at compile time: IEEE binary16 (fp16), or with -DHK_BF16=1
+// bfloat16 (the top half of an fp32 word). The sink is fp16 in both (hk_fp16_value).
 #pragma once
+
+#ifndef HK_BF16
+#define HK_BF16 0
+#endif
 
 #if defined(__HIP__) || defined(__HIPCC__) || defined(__HIPCC_RTC__)
 #define HK_AMD 1
@@ -42,7 +47,7 @@
 #define __forceinline__ inline __attribute__((always_inline))
 #endif
 
-typedef unsigned short half_t;  // fp16 storage
+typedef unsigned short half_t;  // 16-bit storage: fp16, or bf16 with HK_BF16
 typedef unsigned long long hk_u64;
 
 // 16 bytes = 8 halves: the unit of every global and shared memory access. Word e holds
@@ -70,6 +75,10 @@ HK_INLINE int hk_thread_x() { return (int)__builtin_amdgcn_workitem_id_x(); }
 HK_INLINE int hk_block_x() { return (int)__builtin_amdgcn_workgroup_id_x(); }
 HK_INLINE int hk_block_y() { return (int)__builtin_amdgcn_workgroup_id_y(); }
 HK_INLINE int hk_block_z() { return (int)__builtin_amdgcn_workgroup_id_z(); }
+// Blocks along z (the grid's size in work-items over the block's).
+HK_INLINE int hk_grid_z() {
+    return (int)(__builtin_amdgcn_grid_size_z() / __builtin_amdgcn_workgroup_size_z());
+}
 // __syncthreads() as HIP defines it: release, s_barrier, acquire at workgroup scope.
 HK_INLINE void hk_sync() {
     __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
@@ -81,30 +90,76 @@ HK_INLINE int hk_thread_x() { return (int)threadIdx.x; }
 HK_INLINE int hk_block_x() { return (int)blockIdx.x; }
 HK_INLINE int hk_block_y() { return (int)blockIdx.y; }
 HK_INLINE int hk_block_z() { return (int)blockIdx.z; }
+HK_INLINE int hk_grid_z() { return (int)gridDim.z; }  // blocks along z
 HK_INLINE void hk_sync() { __syncthreads(); }
 #endif
 
-// ---- fp16 <-> fp32 -----------------------------------------------------------------------
+// ---- fp16 <-> fp32 (the sink always; q, k, v and out of an fp16 kernel) -----------------
 #if HK_AMD
-HK_INLINE float hk_h2f(half_t h) { return (float)__builtin_bit_cast(_Float16, h); }
-HK_INLINE half_t hk_f2h(float f) { return __builtin_bit_cast(half_t, (_Float16)f); }  // RNE
+HK_INLINE float hk_fp16_value(half_t h) { return (float)__builtin_bit_cast(_Float16, h); }
+HK_INLINE half_t hk_fp16_bits(float f) { return __builtin_bit_cast(half_t, (_Float16)f); }  // RNE
 #else
-HK_INLINE float hk_h2f(half_t h) {
+HK_INLINE float hk_fp16_value(half_t h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
     return f;
 }
-HK_INLINE half_t hk_f2h(float f) {
+HK_INLINE half_t hk_fp16_bits(float f) {
     half_t h;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
     return h;
 }
 #endif
+
+// ---- bf16 <-> fp32: bf16 is the top half of an fp32 word -----------------------------------
+#if HK_AMD
+HK_INLINE float hk_bits_as_float(unsigned int u) { return __builtin_bit_cast(float, u); }
+HK_INLINE unsigned int hk_float_bits(float f) { return __builtin_bit_cast(unsigned int, f); }
+#else
+HK_INLINE float hk_bits_as_float(unsigned int u) { return __uint_as_float(u); }
+HK_INLINE unsigned int hk_float_bits(float f) { return __float_as_uint(f); }
+#endif
+HK_INLINE float hk_bf16_value(half_t h) { return hk_bits_as_float((unsigned int)h << 16); }
+// Round to nearest, ties to even: cvt.rn.bf16.f32 on sm_80+; elsewhere in integer arithmetic
+// (add 0x7fff and the lowest kept bit, drop the low 16 bits; a NaN stays a quiet NaN).
+HK_INLINE half_t hk_bf16_bits(float f) {
+#if HK_CUDA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    half_t h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+#else
+    const unsigned int u = hk_float_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (half_t)((u >> 16) | 0x40u);
+    return (half_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+#endif
+}
+
+// ---- the storage format <-> fp32 ---------------------------------------------------------
+#if HK_BF16
+HK_INLINE float hk_h2f(half_t h) { return hk_bf16_value(h); }
+HK_INLINE half_t hk_f2h(float f) { return hk_bf16_bits(f); }  // RNE
+// The two elements packed in a 32-bit word (little endian: element 0 in the low bits).
+HK_INLINE float hk_lo(unsigned int w) { return hk_bits_as_float(w << 16); }
+HK_INLINE float hk_hi(unsigned int w) { return hk_bits_as_float(w & 0xffff0000u); }
+#else
+HK_INLINE float hk_h2f(half_t h) { return hk_fp16_value(h); }
+HK_INLINE half_t hk_f2h(float f) { return hk_fp16_bits(f); }  // RNE
 // The two halves packed in a 32-bit word (little endian: element 0 in the low bits).
 HK_INLINE float hk_lo(unsigned int w) { return hk_h2f((half_t)(w & 0xffffu)); }
 HK_INLINE float hk_hi(unsigned int w) { return hk_h2f((half_t)(w >> 16)); }
+#endif
 HK_INLINE unsigned int hk_pack(float lo, float hi) {
     return (unsigned int)hk_f2h(lo) | ((unsigned int)hk_f2h(hi) << 16);
+}
+// Two fp32 as one word of two fp16 whatever the storage format (RNE), lo in the low bits.
+HK_INLINE unsigned int hk_pack_fp16(float lo, float hi) {
+#if HK_CUDA
+    unsigned int r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));  // d = {hi, lo}
+    return r;
+#else
+    return (unsigned int)hk_fp16_bits(lo) | ((unsigned int)hk_fp16_bits(hi) << 16);
+#endif
 }
 
 // ---- fp32 math ---------------------------------------------------------------------------
@@ -167,6 +222,7 @@ HK_INLINE float hk_xor1(float x) { return __shfl_xor_sync(0xffffffffu, x, 1); }
 //   B (16x8 f16, "col")       b0: (rows 2t, 2t+1, col g)       b1: (rows 2t+8, 2t+9, col g)
 //   C, D (16x8 f32)           c0, c1: (row g, cols 2t, 2t+1)   c2, c3: (row g + 8, cols 2t, 2t+1)
 // Each 32-bit register holds two halves, the lower column / row index in the low 16 bits.
+// bf16 operands (HK_BF16) have the same layouts.
 #if HK_CUDA
 // 32-bit shared-state-space address of a generic pointer into shared memory (what
 // ldmatrix and cp.async take).
@@ -182,11 +238,19 @@ HK_INLINE hk_u64 hk_gmem_u64(const void* p) {
     return a;
 }
 
-// D = A * B + D: one warp-wide 16x8x16 product, fp16 inputs, fp32 accumulators (in place).
+// The operand type of the tensor-core instructions: the storage format.
+#if HK_BF16
+#define HK_MMA_AB ".bf16.bf16"
+#else
+#define HK_MMA_AB ".f16.f16"
+#endif
+
+// D = A * B + D: one warp-wide 16x8x16 product, fp16 (bf16) inputs, fp32 accumulators (in
+// place).
 HK_INLINE void hk_mma_16816(float (&d)[4], const unsigned int (&a)[4], unsigned int b0,
                             unsigned int b1) {
     asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "mma.sync.aligned.m16n8k16.row.col.f32" HK_MMA_AB ".f32 "
         "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -207,11 +271,16 @@ HK_INLINE void hk_ldmatrix_x4_trans(unsigned int (&r)[4], unsigned int smem_addr
                  : "r"(smem_addr));
 }
 
-// Two fp32 -> one register of two fp16 (round to nearest even), lo in the low 16 bits.
-HK_INLINE unsigned int hk_pack_f16x2(float lo, float hi) {
+// Two fp32 -> one register of two elements of the storage format (round to nearest even),
+// lo in the low 16 bits: the MMA operands of P and the output words.
+HK_INLINE unsigned int hk_pack_h2(float lo, float hi) {
+#if HK_BF16
     unsigned int r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));  // d = {hi, lo}
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));  // d = {hi, lo}
     return r;
+#else
+    return hk_pack_fp16(lo, hi);
+#endif
 }
 
 // cp.async: a 16-byte global -> shared copy that bypasses registers (and L1: .cg). When

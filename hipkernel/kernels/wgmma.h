@@ -3,6 +3,7 @@
 //
 // A warpgroup is 4 consecutive warps (128 threads) that issue one wgmma together:
 //   D (64 x N f32) += A (64 x 16 f16) * B (16 x N f16)
+// (bf16 A and B in a bf16 kernel: HK_MMA_AB, portable.h, names the operand type)
 // with A from registers and B from shared memory through a 64-bit matrix descriptor.
 // Warp w of the group owns rows 16w..16w+15 of A and D, and within them a lane holds exactly
 // the mma.sync m16n8k16 fragments of portable.h: A as a0..a3, D as one {c0, c1, c2, c3} per
@@ -184,7 +185,7 @@ template <int TRANS_B, unsigned int DESC_HI>
 HK_INLINE void hk_wgmma_n32(float (&d)[4][4], const unsigned int (&a)[4], unsigned int desc_lo,
                             int accumulate) {
     asm volatile(
-        HK_WGMMA_HEAD(20, 21, 22) "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+        HK_WGMMA_HEAD(20, 21, 22) "wgmma.mma_async.sync.aligned.m64n32k16.f32" HK_MMA_AB " "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
         "{%16, %17, %18, %19}, " HK_WGMMA_TAIL(23)
         : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
@@ -198,7 +199,7 @@ template <int TRANS_B, unsigned int DESC_HI>
 HK_INLINE void hk_wgmma_n64(float (&d)[8][4], const unsigned int (&a)[4], unsigned int desc_lo,
                             int accumulate) {
     asm volatile(
-        HK_WGMMA_HEAD(36, 37, 38) "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        HK_WGMMA_HEAD(36, 37, 38) "wgmma.mma_async.sync.aligned.m64n64k16.f32" HK_MMA_AB " "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
         "{%32, %33, %34, %35}, " HK_WGMMA_TAIL(39)
         : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
@@ -216,7 +217,7 @@ template <int TRANS_B, unsigned int DESC_HI>
 HK_INLINE void hk_wgmma_n128(float (&d)[16][4], const unsigned int (&a)[4], unsigned int desc_lo,
                             int accumulate) {
     asm volatile(
-        HK_WGMMA_HEAD(68, 69, 70) "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        HK_WGMMA_HEAD(68, 69, 70) "wgmma.mma_async.sync.aligned.m64n128k16.f32" HK_MMA_AB " "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
         "{%64, %65, %66, %67}, " HK_WGMMA_TAIL(71)
         : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
@@ -243,7 +244,7 @@ template <int TRANS_B, unsigned int DESC_HI>
 HK_INLINE void hk_wgmma_n8(float (&d)[1][4], const unsigned int (&a)[4], unsigned int desc_lo,
                            int accumulate) {
     asm volatile(
-        HK_WGMMA_HEAD(8, 9, 10) "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 "
+        HK_WGMMA_HEAD(8, 9, 10) "wgmma.mma_async.sync.aligned.m64n8k16.f32" HK_MMA_AB " "
         "{%0, %1, %2, %3}, {%4, %5, %6, %7}, " HK_WGMMA_TAIL(11)
         : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
         : HK_WGMMA_INPUTS);
