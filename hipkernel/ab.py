@@ -275,6 +275,10 @@ def main(argv=None) -> int:
     try:
         variants = [parse_variant(s) for s in args.variant]
         shapes = [parse_shape(s) for s in args.shape]
+        for s in shapes:  # Resident holds one fp16 uniform batch
+            if s.ragged or s.dtype != "fp16":
+                raise ValueError(f"--shape {s.name}: an A/B runs uniform fp16 shapes only; time "
+                                 f"ragged and bf16 rows with refattn bench")
         for name, x in (("passes", args.passes), ("launches", args.launches), ("reps", args.reps)):
             if x < 1:
                 raise ValueError(f"{name}: expected >= 1, got {x}")

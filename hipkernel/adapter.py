@@ -75,8 +75,19 @@ class _FusedKernel:
         return self.unsupported_reason(case) is None
 
     def unsupported_reason(self, case) -> str | None:
-        """Why ``flash_prefill_v3`` declines the case (``api.decline_reason``), or None."""
-        return api.decline_reason(d=case.d, softcap=case.softcap or 0.0, dtype=case.dtype)
+        """Why ``flash_prefill_v3`` declines the case (``api.decline_reason``), or None. A
+        forced config that copies with TMA declines a ragged case: its tensor maps bound every
+        sequence by one key count (hipkernel/api.py refuses the pairing)."""
+        reason = api.decline_reason(d=case.d, softcap=case.softcap or 0.0, dtype=case.dtype)
+        if reason is None:
+            reason = self._tma_reason(case.ragged)
+        return reason
+
+    def _tma_reason(self, ragged: bool) -> str | None:
+        if ragged and self.config is not None and self.config.tma:
+            return (f"forced config {self.config.name} copies K/V with TMA, which a ragged "
+                    f"batch cannot use")
+        return None
 
     def source_hash(self) -> str:
         return api.source_hash()
@@ -99,7 +110,7 @@ class _FusedKernel:
             return []
         G = case.Hq // case.Hkv
         return [c.name for c in candidates(self._arch(), case.d, G, case.window)
-                if c.fits(case.d) and c.supports(G)]
+                if c.fits(case.d) and c.supports(G) and not (case.ragged and c.tma)]
 
     def _kw(self, inputs) -> dict:
         return dict(past_len=inputs.past_len, q_len=inputs.q_len, window=inputs.window,
@@ -117,7 +128,8 @@ class ModelKernel(_FusedKernel):
 
     def run(self, inputs):
         q, k, v = inputs.q, inputs.k, inputs.v
-        if api.decline_reason(d=q.shape[3], softcap=inputs.softcap or 0.0, dtype=inputs.dtype):
+        if (api.decline_reason(d=q.shape[3], softcap=inputs.softcap or 0.0, dtype=inputs.dtype)
+                or self._tma_reason(inputs.ragged)):
             return -1, inputs.out
         out = model.attention(q, k, v, config=self._config_for(inputs) or DEFAULT, mutants=self.active,
                               dtype=inputs.dtype, **self._kw(inputs))
@@ -183,6 +195,8 @@ class HipKernel(_FusedKernel):
         dtype = inputs.dtype
         if dtype not in api.SUPPORTED_DTYPES:
             raise ValueError(f"{self.name}: declines: {dtype} inputs (have {api.SUPPORTED_DTYPES})")
+        if self._tma_reason(inputs.ragged):
+            raise ValueError(f"{self.name}: declines: {self._tma_reason(inputs.ragged)}")
         if dtype == "bf16":  # the device holds the bf16 bit patterns: each float32's top half
             q, k, v = (_bf16_bits(x) for x in (q, k, v))
         be = self._be()
@@ -235,7 +249,7 @@ class HipKernel(_FusedKernel):
             variant = config.name
         else:
             cfg = TUNER.cache.get(tune_key(d=d, sq=Sq, Hq=Hq, G=Hq // Hkv, window=inputs.window,
-                                           dtype=dtype, arch=be.arch))
+                                           dtype=dtype, arch=be.arch, ragged=inputs.ragged))
             variant = cfg.name if cfg is not None else "default (autotune off)"
         return Prepared(launch, output=output, close=close, variant=variant)
 
@@ -243,6 +257,8 @@ class HipKernel(_FusedKernel):
         # The backend is resolved inside api.attention after the host-side decline decision,
         # so a declined case needs no GPU at all. A bf16 result is float32 (bf16 values): a
         # new array, not the fp16 canary buffer.
+        if self._tma_reason(inputs.ragged):
+            return -1, inputs.out
         fp16 = inputs.dtype == "fp16"
         status, out = api.attention(inputs.q, inputs.k, inputs.v, out=inputs.out if fp16 else None,
                                     config=self._config_for(inputs), backend=self._backend or self.variant,

@@ -5,7 +5,7 @@
 Sections (each writes its record to DIR as soon as it finishes, so a later failure or a
 time-out loses nothing):
 
-* ``matrix``  -> ``h200.json``: the case matrix (seed, extended, contracts, coverage) on the kernel,
+* ``matrix``  -> ``h200.json``: the case matrix (seed, extended, contracts, coverage, ragged, bf16) on the kernel,
   per-case outcome, relL2, max-abs, time, and the autotune choices made.
 * ``mutants`` -> ``mutants-h200.json``: the GPU kill matrix (each mutant compiled in with its
   ``-D`` macro), with ``HIPKERNEL_TUNE=0`` so every mutant runs the same configs.
@@ -64,15 +64,16 @@ def section_matrix(be, out: Path, suites) -> None:
     _write(out, "h200.json", record.stamp("matrix", be.device_name, body, m.ok))
 
 
-def section_mutants(be, out: Path, suites) -> None:
+def section_mutants(be, out: Path, suites, jobs: int = 1) -> None:
+    """The kill matrix of ``hipkernel:<backend>`` over ``suites``; with ``jobs`` > 1 the clean
+    kernel and the mutants run in that many processes on the one GPU (nothing here is timed;
+    the processes inherit ``HIPKERNEL_TUNE=0``)."""
     from refattn.cases import load_suites
-    from refattn.kernels import get_kernel
-    from refattn.killmatrix import format_grid, run_kill_matrix
+    from refattn.killmatrix import KernelByName, format_grid, run_kill_matrix
 
     os.environ["HIPKERNEL_TUNE"] = "0"
     try:
-        km = run_kill_matrix(lambda mutants: get_kernel("hipkernel:" + be.name, mutants=mutants),
-                             load_suites(suites))
+        km = run_kill_matrix(KernelByName("hipkernel:" + be.name), load_suites(suites), jobs=jobs)
     finally:
         os.environ.pop("HIPKERNEL_TUNE", None)
     print(format_grid(km), flush=True)
@@ -152,8 +153,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="directory for the records")
     ap.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections")
     ap.add_argument("--backend", default=None, help="cuda or hip (default: first that works)")
-    ap.add_argument("--suites", default="seed,extended,contracts,coverage")
-    ap.add_argument("--mutant-suites", default="seed,extended,coverage")
+    ap.add_argument("--suites", default="seed,extended,contracts,coverage,ragged,bf16")
+    ap.add_argument("--mutant-suites", default="seed,extended,coverage,ragged,bf16")
+    ap.add_argument("--mutant-jobs", type=int, default=1, metavar="N",
+                    help="processes the kill matrix runs in (mutants; default 1)")
     ap.add_argument("--fuzz-n", type=int, default=500, help="fuzzed geometries (reliability)")
     ap.add_argument("--sanitizer-logs", nargs="*", default=[],
                     help="compute-sanitizer logs to parse into the reliability record")
@@ -169,7 +172,7 @@ def main(argv=None) -> int:
             if name == "matrix":
                 section_matrix(be, args.out, args.suites.split(","))
             elif name == "mutants":
-                section_mutants(be, args.out, args.mutant_suites.split(","))
+                section_mutants(be, args.out, args.mutant_suites.split(","), args.mutant_jobs)
             elif name == "measure":
                 section_measure(be, args.out)
             elif name == "reliability":

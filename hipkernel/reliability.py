@@ -79,6 +79,17 @@ def _unwritten(out: np.ndarray) -> int:
     return int((out.view(np.uint16) == OUT_CANARY_BITS).sum())
 
 
+def _bf16_values(bits: np.ndarray) -> np.ndarray:
+    """The float32 values of a buffer of bf16 bit patterns (any 16-bit dtype)."""
+    return (bits.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def _bits_for(case: Case, buf: np.ndarray) -> np.ndarray:
+    """The canary buffer as :func:`run_kernel` takes it for ``case``: float16, or for a bf16
+    case the same bits as uint16."""
+    return buf.view(np.uint16) if case.dtype == "bf16" else buf
+
+
 def _case_config(case: Case) -> KernelConfig | None:
     if not case.config:
         return None
@@ -90,8 +101,9 @@ def _supported(case: Case) -> bool:
     return api.decline_reason(d=case.d, softcap=case.softcap, dtype=case.dtype) is None
 
 
-def run_kernel(be, q, k, v, *, out, past_len, window=-1, sink=None, smooth_softmax=False,
-               softcap=0.0, scale=None, config=None, mutants=frozenset()) -> int:
+def run_kernel(be, q, k, v, *, out, past_len, q_len=None, window=-1, sink=None,
+               smooth_softmax=False, softcap=0.0, scale=None, config=None, mutants=frozenset(),
+               dtype: str = "fp16") -> int:
     """``hipkernel.attention`` with the device output buffer primed from ``out``.
 
     ``hipkernel.attention(out=...)`` allocates the device output buffer and copies it back
@@ -100,17 +112,29 @@ def run_kernel(be, q, k, v, *, out, past_len, window=-1, sink=None, smooth_softm
     Here the device buffer starts as a copy of ``out`` (the NaN canary), so an unwritten
     element comes back as the canary and is counted. Everything else is the same: host
     argument checks, the host-side decline (nothing launched, ``out`` untouched), and
-    ``flash_prefill_v3`` on device buffers. Returns the status (0 or -1)."""
-    a = check_attention_args(q, k, v, past_len=past_len, window=window, sink=sink,
+    ``flash_prefill_v3`` on device buffers. Ragged ``past_len`` / ``q_len`` arrays are passed
+    on. ``dtype="bf16"``: q, k, v float32 holding bf16 values, and ``out`` a uint16 array of
+    bf16 bit patterns (primed with the canary bits, as the fp16 one). Returns the status (0
+    or -1)."""
+    a = check_attention_args(q, k, v, past_len=past_len, q_len=q_len, window=window, sink=sink,
                              smooth_softmax=smooth_softmax, softcap=softcap, scale=scale,
-                             allow_cache_capacity=True)
-    if not (isinstance(out, np.ndarray) and out.shape == q.shape and out.dtype == np.float16
+                             allow_cache_capacity=True, allow_ragged=True)
+    want = np.uint16 if dtype == "bf16" else np.float16
+    if not (isinstance(out, np.ndarray) and out.shape == q.shape and out.dtype == want
             and out.flags.c_contiguous and out.flags.writeable):
-        raise ValueError(f"out: expected a writeable C-contiguous float16 array of shape {q.shape}")
-    dtype = "fp16" if all(x.dtype == np.float16 for x in (q, k, v)) else "other"
+        raise ValueError(f"out: expected a writeable C-contiguous {np.dtype(want).name} array of "
+                         f"shape {q.shape}")
+    held = np.float32 if dtype == "bf16" else np.float16
+    if not all(x.dtype == held for x in (q, k, v)):
+        dtype = "mixed"
     if api.decline_reason(d=a.d, softcap=a.softcap, dtype=dtype) is not None:
         return -1
+    if dtype == "bf16":  # the device holds the bit patterns: each float32's top half
+        q, k, v = ((np.ascontiguousarray(x).view(np.uint32) >> 16).astype(np.uint16)
+                   for x in (q, k, v))
     sink16 = np.asarray(sink, dtype=np.float16) if a.sink_mode == "per_head" else None
+    past = a.past_len if not a.ragged else np.asarray(a.past_lens, dtype=np.int64)
+    lens = None if not a.ragged else np.asarray(a.q_lens, dtype=np.int64)
     bufs = {}
     try:
         for name, arr in (("q", q), ("k", k), ("v", v), ("sink", sink16), ("out", out)):
@@ -120,9 +144,9 @@ def run_kernel(be, q, k, v, *, out, past_len, window=-1, sink=None, smooth_softm
                 be.htod(bufs[name], arr)
         status = api.flash_prefill_v3(
             be, bufs["q"], bufs["k"], bufs["v"], bufs.get("sink", 0), bufs["out"],
-            B=a.B, Sq=a.Sq, Hq=a.Hq, Hkv=a.Hkv, d=a.d, S_cap=k.shape[2], past_len=a.past_len,
-            window=a.window, sink_mode=a.sink_mode, scale=a.scale, softcap=a.softcap,
-            dtype=dtype, config=config, mutants=mutants)
+            B=a.B, Sq=a.Sq, Hq=a.Hq, Hkv=a.Hkv, d=a.d, S_cap=k.shape[2], past_len=past,
+            q_len=lens, window=a.window, sink_mode=a.sink_mode, scale=a.scale,
+            softcap=a.softcap, dtype=dtype, config=config, mutants=mutants)
         if status == 0:
             be.dtoh(out, bufs["out"])
         return status
@@ -144,10 +168,11 @@ def resolve_config(be, case: Case) -> KernelConfig:
     if not tuner.enabled():
         return tuner.default
     key = tune_key(d=case.d, sq=case.sq, Hq=case.Hq, G=case.G, window=case.window,
-                   dtype=case.dtype, arch=be.arch)
+                   dtype=case.dtype, arch=be.arch, ragged=case.ragged)
     if key not in tuner.cache:
         inputs = make_inputs(case)
-        api.attention(inputs.q, inputs.k, inputs.v, out=inputs.out, backend=be,
+        api.attention(inputs.q, inputs.k, inputs.v, out=inputs.out if case.dtype == "fp16" else None,
+                      backend=be, dtype=case.dtype,
                       **inputs.reference_kwargs())  # config=None: sweeps and caches the key
     return tuner.cache.get(key, tuner.default)
 
@@ -169,14 +194,17 @@ def determinism(be, cases, runs: int = 3, configs=None) -> dict:
     for case in cases:
         inputs = make_inputs(case)
         if not _supported(case):
-            status = run_kernel(be, inputs.q, inputs.k, inputs.v, out=inputs.out,
-                                config=_case_config(case), **inputs.reference_kwargs())
+            status = run_kernel(be, inputs.q, inputs.k, inputs.v, out=_bits_for(case, inputs.out),
+                                config=_case_config(case), dtype=case.dtype,
+                                **inputs.reference_kwargs())
             # Nothing to compare; the contract is checked instead: -1, buffer untouched.
             rows.append({"case": case.id, "describe": case.describe(), "declined": True,
                          "status": [int(status)],
                          "declined_ok": bool(status == -1 and inputs.out_intact())})
             continue
-        for cfg in ([resolve_config(be, case)] if configs is None else configs):
+        # A ragged case runs under no config that copies with TMA (hipkernel.api refuses it).
+        for cfg in ([resolve_config(be, case)] if configs is None
+                    else [c for c in configs if not (case.ragged and c.tma)]):
             rows.append(_repeat(be, case, inputs, cfg, runs))
     ran = [r for r in rows if not r["declined"]]
     bad_declines = [r["case"] for r in rows if r["declined"] and not r["declined_ok"]]
@@ -196,11 +224,11 @@ def _repeat(be, case: Case, inputs, cfg: KernelConfig, runs: int) -> dict:
     outs, statuses, unwritten = [], [], 0
     for _ in range(runs):
         out = inputs.fresh_out()
-        status = run_kernel(be, inputs.q, inputs.k, inputs.v, out=out, config=cfg,
-                            **inputs.reference_kwargs())
+        status = run_kernel(be, inputs.q, inputs.k, inputs.v, out=_bits_for(case, out), config=cfg,
+                            dtype=case.dtype, **inputs.reference_kwargs())
         statuses.append(int(status))
         unwritten = max(unwritten, _unwritten(out))
-        outs.append(out)
+        outs.append(_bf16_values(out) if case.dtype == "bf16" else out)
     first = outs[0]
     identical = all(o.tobytes() == first.tobytes() for o in outs[1:])
     max_diff = None
@@ -400,7 +428,7 @@ def fuzz(be, n: int = 500, seed: int = 0, *, max_cost: int = DEFAULT_MAX_COST,
 
 
 
-def sanitizer_commands(suites=("seed", "extended", "coverage"), python: str = "python",
+def sanitizer_commands(suites=("seed", "extended", "coverage", "ragged"), python: str = "python",
                        extra: str = "") -> dict[str, str]:
     """The command line per compute-sanitizer tool, run from the repository root with
     ``PYTHONPATH=.``. ``extra`` is appended to the target's arguments (e.g. ``-k w128``)."""
@@ -409,7 +437,7 @@ def sanitizer_commands(suites=("seed", "extended", "coverage"), python: str = "p
     return {tool: f"compute-sanitizer {opts} {target}" for tool, opts in SANITIZER_TOOLS.items()}
 
 
-def sanitizer_script(suites=("seed", "extended", "coverage"), out_dir: str = "sanitizer",
+def sanitizer_script(suites=("seed", "extended", "coverage", "ragged"), out_dir: str = "sanitizer",
                      tools=("memcheck", "racecheck"), python: str = "python") -> str:
     """A bash script that runs each tool over the target, keeps each log, and ends by parsing
     the logs into JSON (``--parse-sanitizer``, exit 0 iff every log is clean)."""
@@ -427,12 +455,11 @@ def sanitizer_script(suites=("seed", "extended", "coverage"), out_dir: str = "sa
 def case_cost(case: Case) -> int:
     """Visible (query, key) pairs of ``case`` over its heads and batch: what a sanitizer's
     run time grows with."""
-    from hipkernel.timing import visible_pairs
 
-    return visible_pairs(case.sq, case.past_len, case.window) * case.Hq * case.B
+    return case.visible_pairs * case.Hq
 
 
-def sanitize_target(suites=("seed", "extended", "coverage"), *, backend=None, match=None, cache: str = "tight",
+def sanitize_target(suites=("seed", "extended", "coverage", "ragged"), *, backend=None, match=None, cache: str = "tight",
                     all_configs: bool = False, judge: bool = False, cheapest_first: bool = False,
                     out=None) -> int:
     """The case matrix once on the kernel, for compute-sanitizer. ``HIPKERNEL_TUNE=0``, so
@@ -496,30 +523,35 @@ def _sanitize_cases(suites, backend, match, cache, all_configs, judge, cheapest_
                     configs.append(WGSPAN_CANDIDATES[0].for_group(G))
         if all_configs and supported:
             configs += [c for c in candidates(be.arch, G=G) if c not in configs]
+        if case.ragged:  # hipkernel.api refuses a config that copies with TMA on a ragged call
+            configs = [c for c in configs if c is None or not c.tma]
         ref = None
         for variant in variants:
             if variant == "tight":
                 k, v = (np.ascontiguousarray(x) for x in inputs.clean_kv())
             else:
                 k, v = inputs.k, inputs.v
+            bf16 = case.dtype == "bf16"
             for cfg in configs:
-                buf = inputs.fresh_out()
-                status = run_kernel(be, inputs.q, k, v, out=buf, config=cfg,
-                                    **inputs.reference_kwargs())
+                buf = inputs.fresh_out()  # the canary bits; a bf16 kernel's buffer holds bits
+                status = run_kernel(be, inputs.q, k, v, out=_bits_for(case, buf), config=cfg,
+                                    dtype=case.dtype, **inputs.reference_kwargs())
                 launches += 1
                 if not supported:
                     ok = status == -1 and inputs.out_intact(buf)
                     note = "declined" if ok else f"status {status} or buffer touched on a decline"
                 else:
                     unwritten = _unwritten(buf)
-                    finite = bool(np.isfinite(buf).all())
+                    vals = _bf16_values(buf) if bf16 else buf
+                    finite = bool(np.isfinite(vals).all())
                     ok = status == 0 and unwritten == 0 and finite
                     note = f"status {status}, {unwritten} unwritten, finite={finite}"
                     if ok and judge:
                         if ref is None:
                             kc, vc = inputs.clean_kv()
-                            ref = attention_with_baseline(inputs.q, kc, vc, **inputs.reference_kwargs())
-                        c = compare(buf, *ref)
+                            ref = attention_with_baseline(inputs.q, kc, vc, lowp=case.lowp,
+                                                          **inputs.reference_kwargs())
+                        c = compare(vals, *ref, case.lowp)
                         ok = c.passed
                         note = c.summary()
                 name = "default" if cfg is None else cfg.name
@@ -564,7 +596,7 @@ def main(argv=None) -> int:
                     "sanitizer log parser, and determinism + fuzzing on a GPU.",
         epilog="examples:\n"
                "  compute-sanitizer --tool memcheck --leak-check full --error-exitcode 3 \\\n"
-               "      python -m hipkernel.reliability --sanitize-target --suites seed,extended,coverage\n"
+               "      python -m hipkernel.reliability --sanitize-target --suites seed,extended,coverage,ragged\n"
                "  python -m hipkernel.reliability --parse-sanitizer memcheck.log racecheck.log\n"
                "  python -m hipkernel.reliability --run --fuzz-n 500 --out reports/gpu\n"
                "  python -m hipkernel.reliability --print-sanitizer-script\n")
@@ -577,7 +609,7 @@ def main(argv=None) -> int:
                       help="determinism over --suites and fuzzing; write a reliability record to --out")
     mode.add_argument("--print-sanitizer-script", action="store_true",
                       help="print a bash script running memcheck and racecheck over the target")
-    ap.add_argument("--suites", default="seed,extended,coverage", help="comma-separated case suites")
+    ap.add_argument("--suites", default="seed,extended,coverage,ragged", help="comma-separated case suites")
     ap.add_argument("--backend", default=None, help="cuda or hip (default: first that works)")
     ap.add_argument("-k", dest="match", action="append", metavar="SUBSTRING",
                     help="only cases whose name contains SUBSTRING (repeatable)")

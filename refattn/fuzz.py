@@ -23,7 +23,10 @@ from a range (:func:`case_strategy`):
   window (``cache_fill``; ``--clean-inputs`` draws none of these);
 * ``B`` 1-2, a custom ``scale`` sometimes (0.5 or 2: a sharp softmax), the input seed, and
   the spare cache capacity: the default 64-127 rows of NaN canaries, none (a tight cache),
-  or 1-130 rows.
+  or 1-130 rows;
+* for a kernel that takes ragged batches (``ragged = True``, and its ``supports()`` accepts
+  one), a quarter of the time a ragged batch: B 2-4, each sequence its own ``past_len``
+  (0, an edge, or 0..3000) and ``q_len`` (0..sq, often sq), not all empty.
 
 A drawn case whose fp64 reference would cost more than ``--max-cost`` (query-key pairs a
 row block touches, ``B * Hq * sq * keys``) is cut down deterministically: past_len halved,
@@ -137,6 +140,9 @@ def supported_axes(kernel, input_modes=DEFAULT_INPUT_MODES) -> dict[str, tuple]:
         "logit_offset": mode("logit_offset", LOGIT_OFFSET_VALUES),
         "q_spike": mode("q_spike", Q_SPIKE_VALUES),
         "cache_fill": mode("cache_fill", CACHE_FILL_VALUES, window=4),
+        "ragged": (False,) + ((True,) if getattr(kernel, "ragged", False)
+                              and _probe(kernel, **{**b0, "B": 2, "past_len": [16, 3],
+                                                    "q_len": [16, 5]}) else ()),
     }
 
 
@@ -151,11 +157,15 @@ def fit_cost(c: Case, max_cost: int) -> Case:
     """``c`` cut down until :func:`reference_cost` <= ``max_cost``: past_len halved, then sq,
     then B, then Hkv (G kept), then G."""
     while reference_cost(c) > max_cost:
-        if c.past_len > 64:
-            c = replace(c, past_len=c.past_len // 2)
+        if max(c.past_lens) > 64:
+            halved = tuple(p // 2 for p in c.past_lens)
+            c = replace(c, past_len=halved if c.ragged else halved[0])
         elif c.sq > 16:
-            c = replace(c, sq=c.sq // 2)
-        elif c.B > 1:
+            q_len = None if c.q_len is None else tuple(min(n, c.sq // 2) for n in c.q_len)
+            if q_len is not None and not any(q_len):
+                q_len = (1,) + q_len[1:]
+            c = replace(c, sq=c.sq // 2, q_len=q_len)
+        elif c.B > 1 and not c.ragged:
             c = replace(c, B=1)
         elif c.Hkv > 1:
             c = replace(c, Hq=c.Hq // c.Hkv, Hkv=1)
@@ -199,9 +209,16 @@ def case_strategy(axes: dict[str, tuple], max_cost: int = DEFAULT_MAX_COST):
         offset = draw(rarely(axes.get("logit_offset", (0.0,))))
         spike = draw(rarely(axes.get("q_spike", (0.0,))))
         fill = draw(rarely(axes.get("cache_fill", ("clean",))))
+        q_len = None
+        if draw(rarely(axes.get("ragged", (False,)))):
+            B = draw(st.integers(2, 4))
+            past = draw(st.lists(st.one_of(st.just(0), edge_or(0, 3000)), min_size=B, max_size=B))
+            q_len = draw(st.lists(st.one_of(st.just(sq), st.integers(0, sq)), min_size=B, max_size=B))
+            if not any(q_len):
+                q_len[0] = sq
         c = Case(name="fuzz", suite="fuzz", Hq=Hkv * G, Hkv=Hkv, d=d, sq=sq, B=B, past_len=past,
-                 window=window, sink=sink, dtype=dtype, seed=seed, scale=scale, softcap=softcap,
-                 spare=spare, why="drawn by refattn fuzz")
+                 q_len=q_len, window=window, sink=sink, dtype=dtype, seed=seed, scale=scale,
+                 softcap=softcap, spare=spare, why="drawn by refattn fuzz")
         c = fit_cost(c, max_cost)
         # the input modes last: fit_cost may have cut the window's hidden slots away, and a
         # mode the case's dtype cannot represent (CaseError) is left off

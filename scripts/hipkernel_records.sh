@@ -9,8 +9,10 @@
 #                                                                      -> rec/mma_check.json
 #        compute-sanitizer racecheck (GPU 1 of two) and memcheck (GPU 0), each until its
 #          limit, over seed + extended + coverage cheapest first                  -> rel/{race,mem}check.log
-#   3. alone on GPU 0: hipkernel.gpu_session --only matrix,measure,bench (tunes, then times),
-#      then --only reliability with the two logs                       -> rel/
+#   3. alone on GPU 0: hipkernel.gpu_session --only $TIMED (default matrix,measure,bench: tunes,
+#      then times), then --only reliability with the two logs         -> rel/
+#      (TIMED=matrix,measure leaves the bench to a run of its own:
+#       python3 -m hipkernel.gpu_session --out rel --only bench, its record joining rel/)
 #   4. rec/ and rel/ packed into one file, $OUT/records.tgz
 # On one H200 the whole run takes about 420 s (under a 10-minute limit). Then, where the
 # records are collected:
@@ -34,6 +36,7 @@ LIMIT=${LIMIT:-300}            # each untimed part of step 2
 RACE_LIMIT=${RACE_LIMIT:-240}
 MEM_LIMIT=${MEM_LIMIT:-240}
 MMA_JOBS=${MMA_JOBS:-8}
+TIMED=${TIMED:-matrix,measure,bench}
 # with two GPUs GPU 1 also times every mma config (the sweep), after its kill matrices
 MMA_SECTIONS=$([ "$GPUS" = 2 ] && echo mutants,sweep || echo mutants)
 t0=$(date +%s)
@@ -41,10 +44,10 @@ el() { echo $(( $(date +%s) - t0 )); }
 nvidia-smi --query-gpu=index,name,clocks.max.sm --format=csv > "$REC/gpus.csv"
 python3 scripts/mma_check.py --sections records,mutants --prewarm-only > "$REC/mma.log" 2>&1
 echo "prewarm: $(el) s, $GPUS GPU(s)" | tee -a "$REC/mma.log"
-TARGET="python3 -m hipkernel.reliability --sanitize-target --suites seed,extended,coverage --cheapest-first"
+TARGET="python3 -m hipkernel.reliability --sanitize-target --suites seed,extended,coverage,ragged --cheapest-first"
 echo "kernel source $(python3 -c 'from hipkernel.api import source_hash; print(source_hash())')" > "$REL/racecheck.log"
 (CUDA_VISIBLE_DEVICES=0 HIPKERNEL_TUNE=0 timeout "$LIMIT" python3 -m hipkernel.gpu_session --out "$REC" \
-    --only matrix,mutants > "$REC/session.log" 2>&1; echo "gpu_session rc=$? after $(el) s" >> "$REC/session.log") &
+    --only matrix,mutants --mutant-jobs "$MMA_JOBS" > "$REC/session.log" 2>&1; echo "gpu_session rc=$? after $(el) s" >> "$REC/session.log") &
 (CUDA_VISIBLE_DEVICES=$B timeout "$LIMIT" python3 scripts/mma_check.py --no-prewarm --sections "$MMA_SECTIONS" \
     --jobs "$MMA_JOBS" --out "$REC" >> "$REC/mma.log" 2>&1; echo "mma_check rc=$? after $(el) s" >> "$REC/mma.log") &
 (CUDA_VISIBLE_DEVICES=$B HIPKERNEL_TUNE=0 timeout -k 15 "$RACE_LIMIT" compute-sanitizer --tool racecheck \
@@ -52,7 +55,7 @@ echo "kernel source $(python3 -c 'from hipkernel.api import source_hash; print(s
 (CUDA_VISIBLE_DEVICES=0 HIPKERNEL_TUNE=0 timeout -k 15 "$MEM_LIMIT" compute-sanitizer --tool memcheck --leak-check full \
     --error-exitcode 3 $TARGET > "$REL/memcheck.log" 2>&1; echo "memcheck exit $? after $(el) s" >> "$REL/memcheck.log") &
 wait
-CUDA_VISIBLE_DEVICES=0 python3 -m hipkernel.gpu_session --out "$REL" --only matrix,measure,bench > "$REL/session.log" 2>&1
+CUDA_VISIBLE_DEVICES=0 python3 -m hipkernel.gpu_session --out "$REL" --only "$TIMED" > "$REL/session.log" 2>&1
 echo "gpu_session rc=$? after $(el) s" >> "$REL/session.log"
 CUDA_VISIBLE_DEVICES=0 python3 -m hipkernel.gpu_session --out "$REL" --only reliability \
     --sanitizer-logs "$REL/memcheck.log" "$REL/racecheck.log" >> "$REL/session.log" 2>&1

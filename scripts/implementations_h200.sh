@@ -11,7 +11,7 @@
 set -u
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 HIPKERNEL_CACHE_DIR=${HIPKERNEL_CACHE_DIR:-/tmp/hkcache}
 : "${OUT:?set OUT to the output directory}"
-SUITES=${SUITES:-"seed extended contracts coverage"}
+SUITES=${SUITES:-"seed extended contracts coverage ragged bf16"}
 LIMIT=${LIMIT:-150}                # seconds for each implementation
 mkdir -p "$OUT/impl" || exit 2
 suite_args=$(for s in $SUITES; do printf -- '--suite %s ' "$s"; done)

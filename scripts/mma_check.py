@@ -9,7 +9,7 @@ on it, and device times of scalar vs tensor-core configs at the gpt-oss geometry
 Every kernel the sections launch is compiled first, in parallel processes, into the disk
 cache (``records`` only does that for what ``hipkernel.gpu_session`` compiles).
 
-``matrix``: seed + extended + coverage suites, each case run with the first config's path at its tiles
+``matrix``: seed + extended + coverage + ragged suites, each case run with the first config's path at its tiles
 (a case's own m_tiles / bkv win where the path allows them, so its clamp geometry is kept),
 then with every other config forced; per-case relL2 against the derived gate. ``mutants``:
 the kill matrix with a path forced (its clean run replaces the matrix's first pass), at
@@ -85,15 +85,18 @@ class ForcedKernel(HipKernel):
         if c["path"] == "wgmma":  # 64 rows a warpgroup: keep the case's tiles where allowed
             c["m_tiles"] = c["m_tiles"] if c["m_tiles"] in (4, 8) else self.cfg.m_tiles
             c["bkv"] = c["bkv"] if c["bkv"] in (32, 64, 128) else self.cfg.bkv
-            c["ws"] = self.cfg.ws and c["m_tiles"] in WGMMA_WS_M_TILES  # a producer where it fits
+            # a producer where it fits; its TMA copies bound every sequence by one key count,
+            # so a ragged case runs the same tiles without it (hipkernel.api refuses the pair)
+            c["ws"] = self.cfg.ws and c["m_tiles"] in WGMMA_WS_M_TILES and not inputs.ragged
         if c["path"] == "wgspan":  # its own chunk sizes: the config's tiles
             c["m_tiles"], c["bkv"] = self.cfg.m_tiles, self.cfg.bkv
         if c["path"] in AMD_MMA_WAVE:  # a wave per 16 rows: the case's tiles where allowed
             c["m_tiles"] = c["m_tiles"] if c["m_tiles"] in AMD_MMA_M_TILES else self.cfg.m_tiles
             c["bkv"] = c["bkv"] if c["bkv"] in AMD_MMA_BKV else self.cfg.bkv
-        status, out = api.attention(inputs.q, inputs.k, inputs.v, out=inputs.out, config=c,
-                                    backend=self._backend or "cuda", mutants=self.active,
-                                    **self._kw(inputs))
+        fp16 = inputs.dtype == "fp16"  # a bf16 result is float32 (bf16 values), a new array
+        status, out = api.attention(inputs.q, inputs.k, inputs.v, out=inputs.out if fp16 else None,
+                                    config=c, backend=self._backend or "cuda", mutants=self.active,
+                                    dtype=inputs.dtype, **self._kw(inputs))
         return status, inputs.out if out is None else out
 
 
@@ -108,7 +111,7 @@ def section_matrix(out: Path) -> dict:
     from refattn.cases import load_suites
     from refattn.runner import run_matrix
 
-    cases = load_suites(["seed", "extended", "coverage"])
+    cases = load_suites(["seed", "extended", "coverage", "ragged"])
     doc = {}
     for i, cfg in enumerate(MMA_ALL):
         if i == 0 and "mutants" in _SECTIONS:
@@ -210,7 +213,7 @@ def section_sweep(out: Path) -> list:
 
 
 def _kill_matrix(cfg: KernelConfig) -> tuple[str, dict]:
-    """One forced config's kill matrix over seed + extended + coverage: (printed grid and verdict, JSON)."""
+    """One forced config's kill matrix over seed + extended + coverage + ragged: (printed grid and verdict, JSON)."""
     from dataclasses import replace
 
     from hipkernel.config import EQUIVALENT_ON_PATH
@@ -218,7 +221,7 @@ def _kill_matrix(cfg: KernelConfig) -> tuple[str, dict]:
     from refattn.killmatrix import format_grid, run_kill_matrix
 
     km = run_kill_matrix(lambda mutants: ForcedKernel(cfg, mutants=mutants),
-                         load_suites(["seed", "extended", "coverage"]))
+                         load_suites(["seed", "extended", "coverage", "ragged"]))
     why = EQUIVALENT_ON_PATH.get(cfg.path, {})
     km.mutants = [replace(m, equivalent=why[m.name]) if m.name in why and not m.killed else m
                   for m in km.mutants]
@@ -262,18 +265,18 @@ def section_mutants(out: Path) -> dict:
 
 
 def _compile_one(job) -> str:
-    path, d, m_tiles, bkv, mutants, mb, warp_m, ws, pack = job
+    path, d, m_tiles, bkv, mutants, mb, warp_m, ws, pack, dtype = job
     from hipkernel.backends import get_backend
 
     be = get_backend("cuda")
     cfg = KernelConfig(m_tiles, bkv, path, warp_m, ws, pack)
     t0 = time.perf_counter()
-    defines = dict(api.kernel_defines(d, cfg, mutants))
+    defines = dict(api.kernel_defines(d, cfg, mutants, dtype))
     if mb is not None:
         defines["MIN_BLOCKS"] = mb
     k = be.compile(api.kernel_source(path), defines, api.KERNEL_NAME)
     info = k.info
-    return (f"{cfg.name} d={d} mb={mb} {'+'.join(sorted(mutants)) or '-'}: regs {info.regs} spills "
+    return (f"{cfg.name} d={d} {dtype} mb={mb} {'+'.join(sorted(mutants)) or '-'}: regs {info.regs} spills "
             f"{info.spills} smem {info.smem} ({time.perf_counter() - t0:.1f} s)")
 
 
@@ -288,8 +291,8 @@ def prewarm(sections) -> None:
 
     none = frozenset()
 
-    def job(cfg: KernelConfig, d: int, mutants=none, mb=None) -> tuple:
-        return (cfg.path, d, cfg.m_tiles, cfg.bkv, mutants, mb, cfg.warp_m, cfg.ws, cfg.pack)
+    def job(cfg: KernelConfig, d: int, mutants=none, mb=None, dtype="fp16") -> tuple:
+        return (cfg.path, d, cfg.m_tiles, cfg.bkv, mutants, mb, cfg.warp_m, cfg.ws, cfg.pack, dtype)
 
     # the mma tiles the matrix and the kill matrix reach: every candidate, and the cases' own
     # tiles (m1_b32, m4_b32, m4_b64) under each warp_m they allow
@@ -331,6 +334,11 @@ def prewarm(sections) -> None:
         jobs |= {job(c, d) for d in (64, 128) for c in candidates("sm_90", d)}
         jobs |= {job(d0, d, frozenset({mu.name})) for d in (64, 128) for mu in MUTANTS}
         jobs |= {job(KernelConfig(m, b), 64, mut) for m, b in ((1, 32), (4, 32), (4, 64))
+                 for mut in [none] + [frozenset({mu.name}) for mu in MUTANTS]}
+        # ... and the same in bf16 (the bf16 suite; ragged cases in bf16), without TMA
+        jobs |= {job(c, d, dtype="bf16") for d in (64, 128) for c in candidates("sm_90", d) if not c.tma}
+        jobs |= {job(d0, d, frozenset({mu.name}), dtype="bf16") for d in (64, 128) for mu in MUTANTS}
+        jobs |= {job(KernelConfig(m, b), 64, mut, dtype="bf16") for m, b in ((1, 32), (4, 32), (4, 64))
                  for mut in [none] + [frozenset({mu.name}) for mu in MUTANTS]}
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1),

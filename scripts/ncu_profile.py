@@ -27,7 +27,13 @@ def main(argv=None) -> int:
     ap.add_argument("--config", default=None, help="a config name (e.g. mma_m8_b64_w2); default: autotuned")
     ap.add_argument("--launches", type=int, default=3)
     args = ap.parse_args(argv)
-    shape = parse_shape(args.shape)
+    try:
+        shape = parse_shape(args.shape)
+    except ValueError as e:
+        ap.error(str(e))
+    if shape.ragged or shape.dtype != "fp16":  # Resident holds one fp16 uniform batch
+        ap.error(f"shape {shape.name}: profiles uniform fp16 shapes only (ragged and bf16 rows: "
+                 f"refattn bench)")
     g = shape.geometry
     cfg = config_from_name(args.config) if args.config else None
     be = get_backend("cuda")

@@ -318,7 +318,6 @@ DECLINED = [
     _case(name="d80", d=80),
     _case(name="d256", d=256, sink="per_head"),
     _case(name="softcap", softcap=30.0),
-    _case(name="bf16", dtype="bf16"),
     _case(name="fp32", dtype="fp32", sink="smooth"),
 ]
 

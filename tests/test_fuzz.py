@@ -696,7 +696,7 @@ def test_sanitizer_commands_and_script():
     cmds = reliability.sanitizer_commands()
     for tool in ("memcheck", "racecheck", "initcheck", "synccheck"):
         assert cmds[tool].startswith(f"compute-sanitizer --tool {tool} ")
-        assert cmds[tool].endswith("python -m hipkernel.reliability --sanitize-target --suites seed,extended,coverage")
+        assert cmds[tool].endswith("python -m hipkernel.reliability --sanitize-target --suites seed,extended,coverage,ragged")
     assert "--leak-check full" in cmds["memcheck"]
     script = reliability.sanitizer_script(out_dir="logs")
     assert script.startswith("#!/usr/bin/env bash") and "export PYTHONPATH=." in script

@@ -245,3 +245,55 @@ def test_ragged_mutants_leave_a_uniform_call_alone():
     for name in ("ragged_max_diag", "padded_row_next_seq", "padding_not_written", "bf16_p_as_fp16"):
         assert np.array_equal(model.attention(i.q, i.k, i.v, config=DEFAULT, mutants={name},
                                               **_model_kw(i)), clean), name
+
+
+# ---------------------------------------------------------------- the fuzzer
+
+def test_fuzzer_draws_ragged_batches_only_for_a_ragged_kernel():
+    from hypothesis import HealthCheck, given, settings
+
+    from refattn.fuzz import case_strategy, supported_axes
+
+    assert supported_axes(ModelKernel())["ragged"] == (False, True)
+    assert supported_axes(_Uniform())["ragged"] == (False,)
+    seen = []
+
+    @settings(max_examples=200, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(case_strategy(supported_axes(ModelKernel()), max_cost=2**20))
+    def draw(c):
+        seen.append(c)
+
+    draw()
+    ragged = [c for c in seen if c.ragged]
+    assert ragged and len(ragged) < len(seen)
+    for c in ragged:
+        assert 2 <= c.B <= 4 and any(c.q_lens) and max(c.q_lens) <= c.sq
+
+
+def test_a_forced_tma_config_declines_ragged_cases_untouched_and_runs_uniform_ones():
+    """``model@CONFIG`` (as ``hipkernel@CONFIG``) with a config that copies with TMA: a ragged
+    case is declined by ``supports`` and by ``run`` (status -1, buffer byte-identical), and no
+    variant of a ragged case copies with TMA; a uniform case still runs under it."""
+    from hipkernel.config import WGMMA_BY_HEAD_DIM, config_from_name
+
+    tma = WGMMA_BY_HEAD_DIM[128]
+    assert tma.tma
+    ragged = next(c for c in load_suite("ragged") if c.ragged)
+    kernel = ModelKernel(config=tma)
+    assert not kernel.supports(ragged)
+    assert "TMA" in kernel.unsupported_reason(ragged)
+    inputs = make_inputs(ragged)
+    status, out = kernel.run(inputs)
+    assert status == -1 and out is inputs.out and inputs.out_intact()
+    free = ModelKernel()
+    free._arch = lambda: "sm_90a"  # the arch whose candidates include a TMA config
+    wide = next(c for c in load_suite("ragged") if c.ragged and c.d == 128)
+    assert free.supports(wide) and free.variants(wide)
+    assert not any(config_from_name(n).tma for n in free.variants(wide))
+    from dataclasses import replace
+    uniform_twin = replace(wide, past_len=max(wide.past_lens), q_len=None)
+    assert any(config_from_name(n).tma for n in free.variants(uniform_twin))
+    uniform = next(c for c in load_suite("seed") if c.d == 128)
+    assert kernel.supports(uniform)
+    assert kernel.run(make_inputs(uniform))[0] == 0
