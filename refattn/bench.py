@@ -26,13 +26,39 @@ Shapes and targets are data: ``benchmarks/shapes.toml`` of the source tree by de
 (looked for beside the refattn package and under the working directory), or the file given
 as ``--shapes path/to/file.toml``. It declares head-geometry families (``[families.NAME]``:
 B, Hq, Hkv, d, whether their shapes carry a per-head sink), the shapes (``[[shape]]``:
-family, sq, past_len, window, sink, and optionally ``target_ms``) and flatness groups
-(``[[flat]]``: shapes whose kernel times must stay within ``max / min <= limit``). A shape
-is named ``FAMILY-SQ@PAST[-wW]``: ``gptoss-512@8192-w128`` is a 512-token chunk over an
-8192-token cache with W = 128. ``--shapes`` also takes names: shapes of the file, a family
-of it (its shapes), ``all``, or any ``FAMILY-SQ@PAST[-wW]`` of one of its families (no
-target). Every violation of the file's format is an error naming the file, the entry and the
-key (exit 2).
+family, sq, past_len, window, sink, and optionally ``target_ms``), ragged shapes
+(``[[ragged]]``, below), flatness groups (``[[flat]]``: shapes whose kernel times must stay
+within ``max / min <= limit``), the data types every shape is benched in (``dtypes``) and
+the bf16 target (``bf16_within``). A shape is named ``FAMILY-SQ@PAST[-wW]``:
+``gptoss-512@8192-w128`` is a 512-token chunk over an 8192-token cache with W = 128.
+``--shapes`` also takes names: shapes of the file (bf16 and ragged rows included), a family
+of it (its shapes), ``all``, or any ``FAMILY-SQ@PAST[-wW][-bf16]`` of one of its families
+(no target). Every violation of the file's format is an error naming the file, the entry and
+the key (exit 2).
+
+Data types
+==========
+
+``dtypes = ["fp16", "bf16"]`` (default ``["fp16"]``) benches every shape once per listed
+dtype, in that order, each shape's rows side by side. The bf16 row is named with the suffix
+``-bf16`` (``gptoss-512@8192-w128-bf16``); its inputs are the shape's case with
+``dtype = "bf16"`` (bf16 values, held in float32 on the host), and its check uses the bf16
+baseline (``lowp = "bf16"``: P and the output rounded through bf16, docs/semantics.md,
+Tolerance model). ``target_ms`` applies to the fp16 row only. ``bf16_within = F`` (optional;
+needs both dtypes) adds a target to every shape: the kernel's bf16 time must not exceed F
+times its fp16 time on the same shape, both in the shape's sink mode; a shape whose fp16 row
+was not run or not timed is not judged.
+
+Ragged shapes
+=============
+
+A ``[[ragged]]`` table is one call over a batch of sequences of their own lengths
+(docs/semantics.md, Ragged batches): ``name`` (required, ``^[a-z0-9][a-z0-9.@-]*$``, not of
+the form ``FAMILY-SQ@PAST[-wW]`` and not ending in ``-bf16``), ``family``, ``past_len`` (a
+list of B integers: B comes from the list, not from the family), ``q_len`` (optional, B
+integers in [0, sq]: each sequence's valid query rows, right-padded to ``sq``; default sq
+each), ``sq``, ``window``, ``sink``, ``target_ms`` and ``why`` as for a shape. Only adapters
+that declare ``ragged = True`` run it (the others are ``n/a``, as in ``refattn run``).
 
 Sink modes
 ==========
@@ -49,20 +75,35 @@ Checked before timed
 ====================
 
 Each shape's inputs are built once (the shape as a ``refattn.cases.Case``,
-``refattn.cases.make_inputs``, fp16, seed 0; read-only). Each implementation is prepared,
-launched once, and its output read back (``output()`` of the prepared call: the very launch
-that is timed; an adapter whose callable has none runs ``run(inputs)`` instead) and judged
-against the fp64 reference (``refattn.reference``) under the derived gate of
-``refattn.metrics.compare``, never against another kernel. The full fp64 reference of a long
-shape is too slow on the host (16k rows x 16k keys x 64 heads), so the check samples row
-blocks: the first, a middle and the last :data:`CHECK_ROWS` rows (every row of a chunk of at
-most three blocks). The reference of rows [i, i + r) of a chunk at ``past_len`` equals the
-reference of the chunk ``q[:, i:i+r]`` at ``past_len + i`` over the cache cut to
-``past_len + i + r`` keys (row i sees the keys up to its own position, and no others), so
-each block's reference and low-precision baseline are computed on their own and the
-comparison is made over the blocks together. An implementation that fails the check is
-``mismatch`` (its relL2 and gate recorded) and is not timed; one that raises is ``n/a`` with
-the reason; one that does not support the case (``supports(case)`` is False) is ``n/a``.
+``refattn.cases.make_inputs``, fp16 or bf16, seed 0; read-only). Each implementation is
+prepared, launched once, and its output read back (``output()`` of the prepared call: the
+very launch that is timed; an adapter whose callable has none runs ``run(inputs)`` instead)
+and judged against the fp64 reference (``refattn.reference``) under the derived gate of
+``refattn.metrics.compare`` (with the baseline of the row's dtype), never against another
+kernel. The full fp64 reference of a long shape is too slow on the host (16k rows x 16k keys
+x 64 heads), so the check samples row blocks: the first, a middle and the last
+:data:`CHECK_ROWS` rows (every row of a chunk of at most three blocks). The reference of rows
+[i, i + r) of a chunk at ``past_len`` equals the reference of the chunk ``q[:, i:i+r]`` at
+``past_len + i`` over the cache cut to ``past_len + i + r`` keys (row i sees the keys up to
+its own position, and no others), so each block's reference and low-precision baseline are
+computed on their own and the comparison is made over the blocks together. An
+implementation that fails the check is ``mismatch`` (its relL2 and gate recorded) and is not
+timed; one that raises is ``n/a`` with the reason; one that does not support the case
+(``supports(case)`` is False) is ``n/a``.
+
+A ragged shape is checked per sequence: for each sequence b with ``q_len[b] > 0``, the same
+blocks of its ``q_len[b]`` valid rows, each against the reference of sequence b alone (the
+uniform call over its own cache of ``past_len[b] + q_len[b]`` keys), the blocks of all
+sequences compared together; and every padded row (``i >= q_len[b]``) of the output must be
+exactly 0. The check's blocks are recorded as ``[i0, i1]`` (``[b, i0, i1]`` for a ragged
+shape).
+
+The inputs of a ragged shape are ``make_inputs``'s with the NaN canaries it puts in every
+cache slot at or past a sequence's own length and in its padded query rows replaced by
+zeros. The bench times, on inputs every implementation may load: a kernel may read whole
+tiles past a sequence's end and mask the scores afterwards, where a NaN would still reach
+P.V (0 x NaN is NaN), and a peer is not under test for that. Catching a read of those slots
+is the case matrix's job (``refattn run`` on ``cases/ragged.toml`` keeps the canaries).
 
 Timing
 ======
@@ -83,25 +124,35 @@ FLOPs (useful work only, what FlashAttention's benchmarks count)::
 
 a visible (query, key) pair costs a d-long dot product for the score and a d-long
 multiply-add for P.V, 2 FLOPs per element each. Row i (position p = past_len + i) sees
-``p + 1`` keys, or ``min(p + 1, W)`` under a window. TF/s = FLOPs / time.
+``p + 1`` keys, or ``min(p + 1, W)`` under a window. A ragged shape counts each sequence's
+own pairs (``refattn.cases.Case.flops``): row i of sequence b at ``p = past_len[b] + i``, its
+``q_len[b]`` valid rows only, so a batch costs what its sequences cost, not B times the
+longest. TF/s = FLOPs / time.
 
 Output
 ======
 
 A table per shape (the kernel's time and TF/s, its no-sink time, each peer, the best peer,
 the ratio kernel / best peer in the best peer's sink mode: < 1 means the kernel is faster,
-the target and its verdict), the targets, and a JSON record (``--json``) of kind ``bench``:
+the target and its verdict: ``target_ms`` on an fp16 row, ``<=Fx`` the bf16_within target on
+a bf16 row), the targets, and a JSON record (``--json``) of kind ``bench``:
 ``kernel`` (its name), ``kernel_spec`` (the name it was built from, ``--kernel``),
 ``kernel_source_hash`` (the adapter's ``source_hash()``; null, with
 ``kernel_source_hash_note`` saying why, when it has none: the record is then tied to no
-source and its freshness is unknown), ``peers_available``, and ``shapes``, each with
-``results`` keyed by adapter name: ``{"role": "kernel" | "peer", "sink": R, "nosink": R}``,
-R the result of one mode (``status`` ok / mismatch / n/a, ``ms``, ``tflops``, ``variant``,
-``rel_l2`` and the gate, ``reason``) or null where the mode was not run.
+source and its freshness is unknown), ``peers_available``, ``dtypes`` and ``bf16_within``
+(of the shapes file), ``shapes``, each with its ``geometry`` (``dtype``, ``ragged``, the
+per-sequence ``past_len`` and ``q_len`` of a ragged shape) and ``results`` keyed by adapter
+name: ``{"role": "kernel" | "peer", "sink": R, "nosink": R}``, R the result of one mode
+(``status`` ok / mismatch / n/a, ``ms``, ``tflops``, ``variant``, ``rel_l2`` and the gate,
+``reason``) or null where the mode was not run; and ``targets``: ``hits``, ``misses`` and
+``untimed`` (``target_ms``), ``flat``, and ``bf16_within`` (per bf16 row: ``shape``,
+``fp16_shape``, ``factor``, ``mode``, ``bf16_ms``, ``fp16_ms``, ``ratio`` = bf16 / fp16,
+``hit``: null where not judged).
 
 Exit status: 0 every check of the kernel passed and every target was hit; 1 the kernel
-failed its check or raised on a shape, or a target was missed; 2 a usage error (a bad flag
-or shapes file, an unknown or unavailable kernel, an adapter without ``prepare``).
+failed its check or raised on a shape, or a target (``target_ms``, a flatness group,
+``bf16_within``) was missed; 2 a usage error (a bad flag or shapes file, an unknown or
+unavailable kernel, an adapter without ``prepare``).
 Peers that mismatch or cannot run are reported, not failures.
 
 refattn imports torch lazily, only when the benchmark runs.
@@ -123,6 +174,7 @@ from pathlib import Path
 
 import numpy as np
 
+from refattn.lowp import lowp_of
 from refattn.timing import (Call, make_timer, measure_ceilings, probe_torch, time_interleaved,
                             timing_result)
 
@@ -135,18 +187,25 @@ EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 FLOP_FORMULA = ("FLOPs = 4 * d * Hq * B * sum_rows(visible keys of the row); row i at position "
                 "p = past_len + i sees p + 1 keys, min(p + 1, W) under a window of W keys "
-                "(2 FLOPs per multiply-add, d-long q.k and p.v per visible pair)")
+                "(2 FLOPs per multiply-add, d-long q.k and p.v per visible pair); a ragged "
+                "batch sums its sequences' own rows: row i of sequence b at p = past_len[b] + i, "
+                "its q_len[b] valid rows only")
 CHECK_ROWS = 32  # rows per sampled block of the check against the reference
 CHECK_METHOD = ("each implementation's output (the prepared launch's read-back, else run()) "
-                "against the fp64 reference under refattn.metrics.compare's derived gate, on "
-                "sampled row blocks (the first, a middle and the last CHECK_ROWS rows; every "
-                "row of a shorter chunk): the reference of rows [i, i+r) is that of the chunk "
-                "q[:, i:i+r] at past_len + i over the cache cut to past_len + i + r keys")
+                "against the fp64 reference under refattn.metrics.compare's derived gate (the "
+                "bf16 baseline for a bf16 row), on sampled row blocks (the first, a middle and "
+                "the last CHECK_ROWS rows; every row of a shorter chunk): the reference of rows "
+                "[i, i+r) is that of the chunk q[:, i:i+r] at past_len + i over the cache cut to "
+                "past_len + i + r keys; a ragged batch: those blocks of each sequence's valid "
+                "rows against the reference of that sequence alone, and every padded row "
+                "exactly 0")
 MIN_REPS = 20
 DEFAULT_REPS, DEFAULT_WARMUP = 30, 5
 DEFAULT_ROUNDS = 10
 DEFAULT_PEERS = ("sdpa", "cudnn", "flex", "fa4")
 MODES = ("sink", "nosink")
+DTYPES = ("fp16", "bf16")  # what a shapes file's dtypes may list
+BF16_SUFFIX = "-bf16"  # the name of a shape's bf16 row: its name and this
 SHAPES_FILE = Path("benchmarks") / "shapes.toml"
 
 
@@ -158,6 +217,7 @@ class ShapesError(ValueError):
 
 _NAME_RE = re.compile(r"(?P<family>[a-z0-9]+)-(?P<sq>\d+)@(?P<past>\d+)(?:-w(?P<w>\d+))?\Z")
 _FAMILY_RE = re.compile(r"[a-z0-9]+\Z")
+_RAGGED_NAME_RE = re.compile(r"[a-z0-9][a-z0-9.@-]*")  # fullmatch
 
 
 def visible_pairs(sq: int, past_len: int, window: int) -> int:
@@ -185,7 +245,9 @@ class Family:
 
 @dataclass(frozen=True)
 class Shape:
-    """One prefill call: ``q (B, Sq, Hq, d)``, ``k, v (B, Hkv, skv, d)``, skv = past_len + Sq."""
+    """One prefill call: ``q (B, Sq, Hq, d)``, ``k, v (B, Hkv, skv, d)``, skv = past_len + Sq.
+    A ragged shape (``past_len`` a tuple of B ints, ``q_len`` None or B ints) is named by
+    ``label``; its skv is the longest sequence's ``past_len[b] + q_len[b]``."""
 
     family: str
     B: int
@@ -193,16 +255,39 @@ class Shape:
     Hkv: int
     d: int
     sq: int
-    past_len: int = 0
+    past_len: int | tuple[int, ...] = 0
     window: int = -1  # -1: causal only; W >= 1: W keys visible, self included
     sink: bool = False
     target_ms: float | None = None
     why: str = ""
+    q_len: tuple[int, ...] | None = None  # valid query rows per sequence (ragged); None: sq each
+    label: str = ""  # a ragged shape's name ([[ragged]] name)
+    dtype: str = "fp16"  # "fp16" | "bf16"
+    bf16_within: float | None = None  # a bf16 row's target: at most this times its fp16 row's time
+
+    @property
+    def ragged(self) -> bool:
+        return isinstance(self.past_len, tuple) or self.q_len is not None
+
+    @property
+    def past_lens(self) -> tuple[int, ...]:
+        return self.past_len if isinstance(self.past_len, tuple) else (self.past_len,) * self.B
+
+    @property
+    def q_lens(self) -> tuple[int, ...]:
+        return self.q_len if self.q_len is not None else (self.sq,) * self.B
+
+    @property
+    def fp16_name(self) -> str:
+        """The name of the shape's fp16 row: ``FAMILY-SQ@PAST[-wW]``, or a ragged shape's label."""
+        if self.label:
+            return self.label
+        w = f"-w{self.window}" if self.window > 0 else ""
+        return f"{self.family}-{self.sq}@{self.past_len}{w}"
 
     @property
     def name(self) -> str:
-        w = f"-w{self.window}" if self.window > 0 else ""
-        return f"{self.family}-{self.sq}@{self.past_len}{w}"
+        return self.fp16_name + (BF16_SUFFIX if self.dtype == "bf16" else "")
 
     @property
     def geometry(self) -> dict:
@@ -210,6 +295,8 @@ class Shape:
 
     @property
     def skv(self) -> int:
+        if self.ragged:
+            return max(p + n for p, n in zip(self.past_lens, self.q_lens))
         return self.past_len + self.sq
 
     @property
@@ -222,22 +309,27 @@ class Shape:
         return self.modes[0]
 
     def flops(self) -> float:
-        """Useful FLOPs (module docstring)."""
+        """Useful FLOPs (module docstring): a ragged shape's sequences each count their own."""
+        if self.ragged:
+            pairs = sum(visible_pairs(n, p, self.window) for p, n in zip(self.past_lens, self.q_lens) if n)
+            return 4.0 * self.d * self.Hq * pairs
         return 4.0 * self.d * self.Hq * self.B * visible_pairs(self.sq, self.past_len, self.window)
 
     def case(self, sink: bool):
-        """The shape as a :class:`refattn.cases.Case` (fp16, seed 0), with or without the sink."""
+        """The shape as a :class:`refattn.cases.Case` (its dtype, seed 0), with or without the sink."""
         from refattn.cases import Case
 
         return Case(name=self.name.replace("@", "-at-") + ("" if sink else "-nosink"), suite="bench",
                     Hq=self.Hq, Hkv=self.Hkv, d=self.d, sq=self.sq, B=self.B, past_len=self.past_len,
-                    window=self.window, sink="per_head" if sink else "none", dtype="fp16",
-                    why=self.why or f"refattn bench shape {self.name}")
+                    q_len=self.q_len, window=self.window, sink="per_head" if sink else "none",
+                    dtype=self.dtype, why=self.why or f"refattn bench shape {self.name}")
 
     def to_dict(self) -> dict:
+        past = list(self.past_len) if isinstance(self.past_len, tuple) else self.past_len
         return {"name": self.name, "family": self.family, **self.geometry, "sq": self.sq,
-                "past_len": self.past_len, "skv": self.skv, "window": self.window,
-                "sink": self.sink, "dtype": "fp16"}
+                "past_len": past, "q_len": None if self.q_len is None else list(self.q_len),
+                "skv": self.skv, "window": self.window, "sink": self.sink, "dtype": self.dtype,
+                "ragged": self.ragged}
 
 
 @dataclass
@@ -254,8 +346,10 @@ class ShapeSpec:
     path: Path
     description: str = ""
     families: dict[str, Family] = field(default_factory=dict)
-    shapes: list[Shape] = field(default_factory=list)
+    shapes: list[Shape] = field(default_factory=list)  # every row: each shape once per dtype
     flat: list[FlatGroup] = field(default_factory=list)
+    dtypes: tuple[str, ...] = ("fp16",)
+    bf16_within: float | None = None
 
     def by_name(self) -> dict[str, Shape]:
         return {s.name: s for s in self.shapes}
@@ -302,9 +396,99 @@ def _window(where: str, x) -> int:
     return int(x)
 
 
+def _target(where: str, t: dict) -> float | None:
+    target = t.get("target_ms")
+    if target is not None and (not _is_num(target) or target <= 0):
+        raise ShapesError(f"{where}: target_ms: expected a number of ms > 0, got {target!r}")
+    return None if target is None else float(target)
+
+
+def _family_of(where: str, t: dict, spec: "ShapeSpec") -> Family:
+    fam = spec.families.get(t["family"]) if isinstance(t["family"], str) else None
+    if fam is None:
+        raise ShapesError(f"{where}: family: unknown family {t['family']!r} (have "
+                          f"{', '.join(spec.families)})")
+    return fam
+
+
+def _lengths(where: str, key: str, x, n: int | None, hi: int | None) -> tuple[int, ...]:
+    """A list of per-sequence lengths: ``n`` entries (any number >= 1 when None), each an
+    integer >= 0 (<= ``hi`` when given)."""
+    if not isinstance(x, list) or not x:
+        raise ShapesError(f"{where}: {key}: expected a list of one integer per sequence, got {x!r}")
+    if n is not None and len(x) != n:
+        raise ShapesError(f"{where}: {key}: expected one entry per sequence (B = {n} from "
+                          f"past_len), got {len(x)}")
+    for b, v in enumerate(x):
+        if not _is_int(v) or v < 0 or (hi is not None and v > hi):
+            want = "an integer >= 0" if hi is None else f"an integer in [0, sq = {hi}]"
+            raise ShapesError(f"{where}: {key}[{b}]: expected {want}, got {v!r}")
+    return tuple(int(v) for v in x)
+
+
+def _ragged_shape(where: str, t: dict, spec: "ShapeSpec") -> Shape:
+    """A ``[[ragged]]`` table (module docstring, "Ragged shapes")."""
+    _check_keys(where, t, _RAGGED_KEYS, ("name", "family", "past_len", "sq"))
+    name = t["name"]
+    if not isinstance(name, str) or not _RAGGED_NAME_RE.fullmatch(name):
+        raise ShapesError(f"{where}: name: expected a string matching ^{_RAGGED_NAME_RE.pattern}$, "
+                          f"got {name!r}")
+    if _NAME_RE.match(name):
+        raise ShapesError(f"{where}: name: {name!r} has the form FAMILY-SQ@PAST[-wW] of a "
+                          f"uniform shape; name a ragged shape otherwise")
+    if name.endswith(BF16_SUFFIX):
+        raise ShapesError(f"{where}: name: {name!r} ends in {BF16_SUFFIX}, the suffix of a bf16 row "
+                          f"(dtypes makes those)")
+    where = f"{where} ({name})"
+    fam = _family_of(where, t, spec)
+    sq = _int(where, "sq", t["sq"], 1)
+    past = _lengths(where, "past_len", t["past_len"], None, None)
+    q_len = None
+    if "q_len" in t:
+        q_len = _lengths(where, "q_len", t["q_len"], len(past), sq)
+        if not any(q_len):
+            raise ShapesError(f"{where}: q_len: every sequence has 0 rows: nothing to bench")
+    return Shape(fam.name, len(past), fam.Hq, fam.Hkv, fam.d, sq=sq, past_len=past,
+                 window=_window(where, t.get("window", -1)),
+                 sink=_bool(where, "sink", t.get("sink", fam.sink)), target_ms=_target(where, t),
+                 why=_str(where, "why", t.get("why", "")), q_len=q_len, label=name)
+
+
+def _dtypes(where: str, doc: dict) -> tuple[tuple[str, ...], float | None]:
+    """The file's ``dtypes`` and ``bf16_within``."""
+    x = doc.get("dtypes", ["fp16"])
+    if not isinstance(x, list) or not x or not all(isinstance(d, str) for d in x):
+        raise ShapesError(f"{where}: dtypes: expected a non-empty list of "
+                          f"{' and/or '.join(map(repr, DTYPES))}, got {x!r}")
+    for d in x:
+        if d not in DTYPES:
+            raise ShapesError(f"{where}: dtypes: {d!r} is not one of {', '.join(map(repr, DTYPES))}")
+        if x.count(d) > 1:
+            raise ShapesError(f"{where}: dtypes: {d!r} is listed twice")
+    within = doc.get("bf16_within")
+    if within is not None:
+        if not _is_num(within) or within <= 0:
+            raise ShapesError(f"{where}: bf16_within: expected a number > 0 (bf16 time / fp16 "
+                              f"time), got {within!r}")
+        if set(x) != set(DTYPES):
+            raise ShapesError(f"{where}: bf16_within: needs both 'fp16' and 'bf16' in dtypes "
+                              f"(have {', '.join(map(repr, x))})")
+        within = float(within)
+    return tuple(x), within
+
+
+_TOP_KEYS = ("description", "dtypes", "bf16_within", "families", "shape", "ragged", "flat")
 _FAMILY_KEYS = ("B", "Hq", "Hkv", "d", "sink", "why")
 _SHAPE_KEYS = ("family", "sq", "past_len", "window", "sink", "target_ms", "why")
+_RAGGED_KEYS = ("name", "family", "past_len", "q_len", "sq", "window", "sink", "target_ms", "why")
 _FLAT_KEYS = ("shapes", "limit", "why")
+
+
+def _tables(path: Path, doc: dict, key: str) -> list[dict]:
+    tables = doc.get(key, [])
+    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
+        raise ShapesError(f"{path}: {key}: expected [[{key}]] tables")
+    return tables
 
 
 def load_shapes(path) -> ShapeSpec:
@@ -321,8 +505,10 @@ def load_shapes(path) -> ShapeSpec:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ShapesError(f"{path}: not valid TOML: {e}") from None
-    _check_keys(str(path), doc, ("description", "families", "shape", "flat"), ("families", "shape"))
-    spec = ShapeSpec(path, description=_str(str(path), "description", doc.get("description", "")))
+    _check_keys(str(path), doc, _TOP_KEYS, ("families",))
+    dtypes, within = _dtypes(str(path), doc)
+    spec = ShapeSpec(path, description=_str(str(path), "description", doc.get("description", "")),
+                     dtypes=dtypes, bf16_within=within)
     fams = doc["families"]
     if not isinstance(fams, dict) or not fams:
         raise ShapesError(f"{path}: families: expected tables [families.NAME], got {fams!r}")
@@ -339,45 +525,45 @@ def load_shapes(path) -> ShapeSpec:
         if fam.Hq % fam.Hkv:
             raise ShapesError(f"{where}: Hkv: Hq={fam.Hq} is not a multiple of Hkv={fam.Hkv}")
         spec.families[name] = fam
-    tables = doc["shape"]
-    if not isinstance(tables, list) or not tables or not all(isinstance(t, dict) for t in tables):
-        raise ShapesError(f"{path}: shape: expected one or more [[shape]] tables")
-    seen = set()
+    tables, ragged = _tables(path, doc, "shape"), _tables(path, doc, "ragged")
+    if not tables and not ragged:
+        raise ShapesError(f"{path}: shape: expected one or more [[shape]] tables (or [[ragged]] tables)")
+    shapes: list[tuple[str, Shape]] = []
     for i, t in enumerate(tables):
         where = f"{path}: shape #{i + 1}"
         _check_keys(where, t, _SHAPE_KEYS, ("family", "sq"))
-        fam = spec.families.get(t["family"]) if isinstance(t["family"], str) else None
-        if fam is None:
-            raise ShapesError(f"{where}: family: unknown family {t['family']!r} (have "
-                              f"{', '.join(spec.families)})")
-        target = t.get("target_ms")
-        if target is not None and (not _is_num(target) or target <= 0):
-            raise ShapesError(f"{where}: target_ms: expected a number of ms > 0, got {target!r}")
-        s = Shape(fam.name, fam.B, fam.Hq, fam.Hkv, fam.d, sq=_int(where, "sq", t["sq"], 1),
-                  past_len=_int(where, "past_len", t.get("past_len", 0), 0),
-                  window=_window(where, t.get("window", -1)),
-                  sink=_bool(where, "sink", t.get("sink", fam.sink)),
-                  target_ms=None if target is None else float(target), why=_str(where, "why", t.get("why", "")))
+        fam = _family_of(where, t, spec)
+        shapes.append((where, Shape(
+            fam.name, fam.B, fam.Hq, fam.Hkv, fam.d, sq=_int(where, "sq", t["sq"], 1),
+            past_len=_int(where, "past_len", t.get("past_len", 0), 0),
+            window=_window(where, t.get("window", -1)),
+            sink=_bool(where, "sink", t.get("sink", fam.sink)),
+            target_ms=_target(where, t), why=_str(where, "why", t.get("why", "")))))
+    for i, t in enumerate(ragged):
+        where = f"{path}: ragged #{i + 1}"
+        shapes.append((where, _ragged_shape(where, t, spec)))
+    seen = set()
+    for where, s in shapes:
         if s.name in seen:
             raise ShapesError(f"{where} ({s.name}): a shape of this name is listed already")
         seen.add(s.name)
-        spec.shapes.append(s)
-    groups = doc.get("flat", [])
-    if not isinstance(groups, list) or not all(isinstance(t, dict) for t in groups):
-        raise ShapesError(f"{path}: flat: expected [[flat]] tables")
-    for i, t in enumerate(groups):
+        for dtype in dtypes:  # each shape's rows side by side
+            spec.shapes.append(s if dtype == "fp16" else
+                               replace(s, dtype=dtype, target_ms=None, bf16_within=within))
+    names = {s.name for s in spec.shapes}
+    for i, t in enumerate(_tables(path, doc, "flat")):
         where = f"{path}: flat #{i + 1}"
         _check_keys(where, t, _FLAT_KEYS, ("shapes", "limit"))
-        names = t["shapes"]
-        if not isinstance(names, list) or len(names) < 2 or not all(isinstance(n, str) for n in names):
-            raise ShapesError(f"{where}: shapes: expected a list of two or more shape names, got {names!r}")
-        missing = [n for n in names if n not in seen]
+        group = t["shapes"]
+        if not isinstance(group, list) or len(group) < 2 or not all(isinstance(n, str) for n in group):
+            raise ShapesError(f"{where}: shapes: expected a list of two or more shape names, got {group!r}")
+        missing = [n for n in group if n not in names]
         if missing:
             raise ShapesError(f"{where}: shapes: {missing[0]!r} is not a shape of this file")
         limit = t["limit"]
         if not _is_num(limit) or limit < 1:
             raise ShapesError(f"{where}: limit: expected a number >= 1 (max / min), got {limit!r}")
-        spec.flat.append(FlatGroup(list(names), float(limit), _str(where, "why", t.get("why", ""))))
+        spec.flat.append(FlatGroup(list(group), float(limit), _str(where, "why", t.get("why", ""))))
     return spec
 
 
@@ -410,16 +596,29 @@ def default_spec() -> ShapeSpec:
     return _DEFAULT_SPEC[path]
 
 
+def _bf16_row(s: Shape) -> Shape:
+    """The bf16 row of a shape that the file does not bench in bf16: no target."""
+    return replace(s, dtype="bf16", target_ms=None, bf16_within=None)
+
+
 def parse_shape(name: str, spec: ShapeSpec | None = None) -> Shape:
-    """``FAMILY-SQ@PAST[-wW]`` -> :class:`Shape`: the shape of that name in ``spec`` (default:
-    the default shapes file), else one of its family (the family's sink, no target).
-    ValueError (:class:`ShapesError`) saying what is wrong."""
+    """A shape name -> :class:`Shape`: a row of ``spec`` (default: the default shapes file) by
+    name (its bf16 and ragged rows included), else ``FAMILY-SQ@PAST[-wW][-bf16]`` of one of
+    its families (the family's sink, no target; the bf16 row of a shape of the file keeps its
+    sink). ValueError (:class:`ShapesError`) saying what is wrong."""
     spec = spec or default_spec()
     text = name.strip() if isinstance(name, str) else ""
-    m = _NAME_RE.match(text)
+    rows = spec.by_name()
+    if text in rows:
+        return rows[text]
+    bf16 = text.endswith(BF16_SUFFIX)
+    base = text.removesuffix(BF16_SUFFIX)
+    if bf16 and base in rows:
+        return _bf16_row(rows[base])
+    m = _NAME_RE.match(base)
     if not m:
-        raise ShapesError(f"{name!r} is not a shape name (expected FAMILY-SQ@PAST[-wW], e.g. "
-                          f"gptoss-512@8192-w128)")
+        raise ShapesError(f"{name!r} is not a shape name (expected FAMILY-SQ@PAST[-wW][-bf16], e.g. "
+                          f"gptoss-512@8192-w128, or a shape of the file)")
     fam = spec.families.get(m["family"])
     if fam is None:
         raise ShapesError(f"{name!r}: unknown family {m['family']!r} (have {', '.join(spec.families)} "
@@ -432,14 +631,20 @@ def parse_shape(name: str, spec: ShapeSpec | None = None) -> Shape:
         window = int(m["w"])
         if window < 1:
             raise ShapesError(f"{name!r}: the window must be W >= 1 keys")
-    s = Shape(fam.name, fam.B, fam.Hq, fam.Hkv, fam.d, sq=sq, past_len=past, window=window, sink=fam.sink)
-    return spec.by_name().get(s.name, s)
+    s = Shape(fam.name, fam.B, fam.Hq, fam.Hkv, fam.d, sq=sq, past_len=past, window=window, sink=fam.sink,
+              dtype="bf16" if bf16 else "fp16")
+    if s.name in rows:  # the same shape spelt otherwise (gptoss-0512@8192)
+        return rows[s.name]
+    if bf16 and s.fp16_name in rows:
+        return _bf16_row(rows[s.fp16_name])
+    return s
 
 
 def resolve_shapes(text: str | None) -> tuple[ShapeSpec, list[Shape]]:
     """``--shapes``: a ``.toml`` file (all its shapes), or comma-separated names of the default
-    file (shape names, family names, ``all``, any ``FAMILY-SQ@PAST[-wW]`` of its families);
-    None: every shape of the default file. Duplicates are dropped, order kept."""
+    file (shape names, bf16 and ragged rows included, family names, ``all``, any
+    ``FAMILY-SQ@PAST[-wW][-bf16]`` of its families); None: every shape of the default file.
+    Duplicates are dropped, order kept."""
     if text is None:
         spec = default_spec()
         return spec, list(spec.shapes)
@@ -546,28 +751,71 @@ def check_row_blocks(sq: int, rows: int = CHECK_ROWS) -> list[tuple[int, int]]:
     return [(0, rows), (mid, mid + rows), (sq - rows, sq)]
 
 
+def ragged_row_blocks(q_lens, rows: int = CHECK_ROWS) -> list[tuple[int, int, int]]:
+    """The row blocks ``(b, start, stop)`` the check compares in a ragged batch: those of
+    :func:`check_row_blocks` over each sequence's ``q_lens[b]`` valid rows (none for an empty
+    sequence)."""
+    return [(b, i0, i1) for b, n in enumerate(q_lens) if n > 0 for i0, i1 in check_row_blocks(n, rows)]
+
+
+def check_blocks(shape: Shape) -> list[tuple[int, ...]]:
+    """The check's blocks of ``shape``: ``(start, stop)`` over every sequence, or for a ragged
+    shape ``(b, start, stop)`` of sequence b."""
+    return ragged_row_blocks(shape.q_lens) if shape.ragged else check_row_blocks(shape.sq)
+
+
+def bench_inputs(case):
+    """``make_inputs(case)``, read-only. For a ragged case the NaN canaries in every cache slot
+    at or past a sequence's own length and in its padded query rows are zeros instead (module
+    docstring, "Checked before timed": what the bench times must be finite wherever an
+    implementation may load)."""
+    from refattn.cases import make_inputs
+
+    x = make_inputs(case)
+    if case.ragged:
+        for b, (n, end) in enumerate(zip(case.q_lens, case.seq_lens)):
+            x.k[b, :, end:] = 0
+            x.v[b, :, end:] = 0
+            x.q[b, n:] = 0
+    for a in (x.q, x.k, x.v, x.sink, x.past_len, x.q_len):
+        if isinstance(a, np.ndarray):
+            a.flags.writeable = False
+    return x
+
+
 def sampled_reference(inputs, blocks) -> tuple[np.ndarray, np.ndarray]:
-    """The fp64 reference and the low-precision baseline of the rows in ``blocks`` of
-    ``inputs``, concatenated along the row axis: each block [i, i + r) computed as the chunk
-    ``q[:, i:i+r]`` at ``past_len + i`` over the cache cut to ``past_len + i + r`` keys."""
+    """The fp64 reference and the low-precision baseline (of the inputs' dtype) of the rows
+    in ``blocks`` of ``inputs``, concatenated along the row axis: each block [i, i + r)
+    computed as the chunk ``q[:, i:i+r]`` at ``past_len + i`` over the cache cut to
+    ``past_len + i + r`` keys. A ragged batch's blocks ``(b, i, i + r)`` are of sequence b
+    alone (``q[b:b+1, i:i+r]`` at ``past_len[b] + i``, the uniform call over its own cache),
+    so its result has one sequence: ``(1, rows, Hq, d)``."""
     from refattn.reference import attention_with_baseline
 
-    k, v = inputs.clean_kv()
     kw = inputs.reference_kwargs()
-    past = kw.pop("past_len")
+    del kw["past_len"], kw["q_len"]
     refs, bases = [], []
-    for i0, i1 in blocks:
+    for block in blocks:
+        if inputs.ragged:
+            b, i0, i1 = block
+            seqs, past = slice(b, b + 1), int(inputs.past_len[b])
+        else:
+            (i0, i1), seqs, past = block, slice(None), inputs.past_len
         ref, base = attention_with_baseline(
-            np.ascontiguousarray(inputs.q[:, i0:i1]), k[:, :, :past + i1], v[:, :, :past + i1],
-            past_len=past + i0, **kw)
+            np.ascontiguousarray(inputs.q[seqs, i0:i1]), inputs.k[seqs, :, :past + i1],
+            inputs.v[seqs, :, :past + i1], past_len=past + i0, lowp=lowp_of(inputs.dtype), **kw)
         refs.append(ref)
         bases.append(base)
     return np.concatenate(refs, axis=1), np.concatenate(bases, axis=1)
 
 
-def judge_output(out, expected_shape, blocks, ref, base) -> dict:
+def judge_output(out, expected_shape, blocks, ref, base, *, lowp: str = "fp16",
+                 q_len=None) -> dict:
     """The check's verdict on ``out`` (the whole output): ``{"passed", "rel_l2", "gate_rel_l2",
-    "max_abs", "gate_max_abs", "n_nan", "n_inf", "reason"}``."""
+    "max_abs", "gate_max_abs", "n_nan", "n_inf", "reason"}``, the gate's baseline in ``lowp``.
+    With ``q_len`` (a ragged batch; ``blocks`` then ``(b, start, stop)``) also
+    ``"padded_nonzero"``: the elements of padded rows (``i >= q_len[b]``) that are not
+    exactly 0, any one of which fails it."""
     from refattn.metrics import compare
 
     a = np.asarray(out)
@@ -575,14 +823,25 @@ def judge_output(out, expected_shape, blocks, ref, base) -> dict:
         return {"passed": False, "rel_l2": None, "gate_rel_l2": None, "max_abs": None,
                 "gate_max_abs": None, "n_nan": None, "n_inf": None,
                 "reason": f"output shape {a.shape}, expected {tuple(expected_shape)}"}
-    rows = np.concatenate([a[:, i0:i1] for i0, i1 in blocks], axis=1)
-    c = compare(rows, ref, base)
+    if q_len is None:
+        rows = np.concatenate([a[:, i0:i1] for i0, i1 in blocks], axis=1)
+    else:
+        rows = np.concatenate([a[b:b + 1, i0:i1] for b, i0, i1 in blocks], axis=1)
+    c = compare(rows, ref, base, lowp=lowp)
     fin = lambda x: None if x is None or not math.isfinite(x) else float(x)  # noqa: E731
     res = {"passed": bool(c.passed), "rel_l2": fin(c.rel_l2), "gate_rel_l2": fin(c.gate_rel_l2),
            "max_abs": fin(c.max_abs), "gate_max_abs": fin(c.gate_max_abs), "n_nan": c.n_nan,
            "n_inf": c.n_inf, "reason": ""}
-    if not c.passed:
-        res["reason"] = "does not match the fp64 reference: " + c.summary()
+    reasons = [] if c.passed else ["does not match the fp64 reference: " + c.summary()]
+    if q_len is not None:
+        bad = [(b, int(n), int(np.count_nonzero(a[b, n:] != 0))) for b, n in enumerate(q_len)]
+        bad = [x for x in bad if x[2]]
+        res["padded_nonzero"] = sum(x[2] for x in bad)
+        if bad:
+            res["passed"] = False
+            reasons.append(f"padded rows (i >= q_len[b]) are not 0: {res['padded_nonzero']} "
+                           f"elements, in sequence {', '.join(str(b) for b, _, _ in bad)}")
+    res["reason"] = "; ".join(reasons)
     return res
 
 
@@ -638,22 +897,39 @@ def shape_row(shape: Shape, results: dict, kernel: str, *, blocks=None, error: s
         target = {"ms": shape.target_ms, "mode": shape.main_mode, "measured_ms": ms,
                   "ratio": None if ms is None else ms / shape.target_ms,
                   "hit": None if ms is None else ms <= shape.target_ms}
+    within = None
+    if shape.bf16_within is not None:  # judged with the fp16 row's time (judge_targets)
+        within = {"factor": shape.bf16_within, "mode": shape.main_mode, "fp16_shape": shape.fp16_name}
     return {"name": shape.name, "geometry": shape.to_dict(), "flops": shape.flops(),
             "check_rows": [list(b) for b in (blocks or [])], "results": results,
             "kernel_error": error, "best_peer": None if bp is None else bp[0],
             "best_peer_mode": None if bp is None else bp[1], "best_peer_ms": best_ms,
-            "ratio": ratio, "ratio_basis": basis, "target": target}
+            "ratio": ratio, "ratio_basis": basis, "target": target, "bf16_within": within}
 
 
 def judge_targets(rows: list[dict], flat: list[FlatGroup], kernel: str) -> dict:
-    """Target verdicts: per-shape hits and misses, and each flatness group (max / min of the
-    kernel's times in the shapes' own mode <= its limit; None when a shape was not timed)."""
+    """Target verdicts: per-shape hits and misses (``target_ms``), each flatness group (max /
+    min of the kernel's times in the shapes' own mode <= its limit; None when a shape was not
+    timed), and each bf16 row's ``bf16_within`` (its time / its fp16 row's, both in the
+    shape's own mode, <= the factor; None when either was not timed or the fp16 row not run)."""
     judged = [r for r in rows if r.get("target") and r["target"]["hit"] is not None]
     out = {"hits": [r["name"] for r in judged if r["target"]["hit"]],
            "misses": [r["name"] for r in judged if not r["target"]["hit"]],
            "untimed": [r["name"] for r in rows if r.get("target") and r["target"]["hit"] is None],
-           "flat": []}
+           "flat": [], "bf16_within": []}
     by_name = {r["name"]: r for r in rows}
+    for r in rows:
+        w = r.get("bf16_within")
+        if not w:
+            continue
+        fp16 = by_name.get(w["fp16_shape"])
+        mine = timed(r["results"].get(kernel), w["mode"])
+        theirs = timed(fp16["results"].get(kernel), w["mode"]) if fp16 else None
+        ratio = mine / theirs if mine is not None and theirs else None
+        out["bf16_within"].append({"shape": r["name"], "fp16_shape": w["fp16_shape"],
+                                   "factor": w["factor"], "mode": w["mode"], "bf16_ms": mine,
+                                   "fp16_ms": theirs, "ratio": ratio,
+                                   "hit": None if ratio is None else ratio <= w["factor"]})
     for g in flat:
         ms = []
         for n in g.shapes:
@@ -676,7 +952,8 @@ def body_ok(rows: list[dict]) -> bool:
 
 
 def targets_missed(targets: dict) -> bool:
-    return bool(targets["misses"]) or any(f["hit"] is False for f in targets["flat"])
+    return (bool(targets["misses"]) or any(f["hit"] is False for f in targets["flat"])
+            or any(w["hit"] is False for w in targets["bf16_within"]))
 
 
 # --------------------------------------------------------------------------- one shape
@@ -715,11 +992,19 @@ def _unsupported(adapter, case) -> str:
     return why or "supports(case) is False"
 
 
+RAGGED_DECLINE = ("not run: a ragged batch, and the adapter does not declare ragged = True "
+                  "(docs/adapters.md)")
+
+
 def _plan(impl: Impl, shape: Shape, cases: dict) -> tuple[list[str], dict]:
     """The modes ``impl`` runs on ``shape`` and the n/a results of those it does not."""
     results = {}
     supported = []
     for mode in shape.modes:
+        if shape.ragged and not getattr(impl.adapter, "ragged", False):
+            # as in refattn run: an adapter written for one past_len is never given a ragged batch
+            results[mode] = mode_result("n/a", reason=RAGGED_DECLINE)
+            continue
         try:
             ok = bool(impl.adapter.supports(cases[mode]))
         except Exception as e:  # noqa: BLE001
@@ -733,8 +1018,9 @@ def _plan(impl: Impl, shape: Shape, cases: dict) -> tuple[list[str], dict]:
         if supported:
             results = {}
         else:  # said once, under the no-sink mode every shape has
-            why = list(dict.fromkeys(f"{m}: {results[m]['reason']}" if len(shape.modes) > 1
-                                     else results[m]["reason"] for m in shape.modes))
+            reasons = [results[m]["reason"] for m in shape.modes]
+            why = list(dict.fromkeys(f"{m}: {r}" if len(set(reasons)) > 1 else r
+                                     for m, r in zip(shape.modes, reasons)))
             results = {"nosink": mode_result("n/a", reason="; ".join(why))}
     return supported, results
 
@@ -759,7 +1045,8 @@ def _prepare_and_check(run: Run, impl: Impl, inputs, blocks, ref_base):
                 if status != 0:
                     raise RuntimeError(f"run() returned status {status} on a case it supports")
         ref, base = ref_base()
-        verdict = judge_output(out, inputs.q.shape, blocks, ref, base)
+        verdict = judge_output(out, inputs.q.shape, blocks, ref, base, lowp=lowp_of(inputs.dtype),
+                               q_len=None if inputs.q_len is None else [int(n) for n in inputs.q_len])
     except Exception as e:  # noqa: BLE001 - an implementation's failure is a result
         _close(p)
         run.say(f"  {impl.name}: n/a: {_short(e)}")
@@ -787,17 +1074,12 @@ def bench_shape(run: Run, shape: Shape, cases: dict | None = None) -> dict:
     """Everything for one shape -> its report row (module docstring): inputs built once,
     each implementation checked against the reference on sampled rows, those that passed
     timed in interleaved rounds."""
-    from refattn.cases import make_inputs
-
     cases = cases or {m: shape.case(m == "sink") for m in shape.modes}
-    base = make_inputs(cases[shape.main_mode])
-    for a in (base.q, base.k, base.v, base.sink):
-        if a is not None:
-            a.flags.writeable = False
+    base = bench_inputs(cases[shape.main_mode])
     inputs = {shape.main_mode: base}
     if shape.main_mode == "sink":
         inputs["nosink"] = replace(base, case=cases["nosink"], sink=None, out=base.fresh_out())
-    blocks = check_row_blocks(shape.sq)
+    blocks = check_blocks(shape)
     refs: dict = {}
 
     def ref_base(mode):
@@ -909,13 +1191,18 @@ def format_report(body: dict) -> str:
     with_sink = [p for p in peers if any((((r["results"].get(p) or {}).get("sink") or {}).get("status")
                                           == "ok") for r in rows)]
     width = max([8] + [len(p) for p in peers])
-    hdr = (f"{'shape':24} {'GFLOP':>8} {'ms':>8} {'TF/s':>6} {'%GEMM':>6} {'nosink':>8} "
+    nw = max([24] + [len(r["name"]) for r in rows])
+    tg = body.get("targets") or {"hits": [], "misses": [], "flat": [], "bf16_within": []}
+    within = {w["shape"]: w for w in tg.get("bf16_within") or []}
+    hdr = (f"{'shape':{nw}} {'GFLOP':>8} {'ms':>8} {'TF/s':>6} {'%GEMM':>6} {'nosink':>8} "
            + " ".join(f"{p[:width]:>{width}}" for p in peers)
            + f" {'best':>{width}} {'ratio':>15} {'target':>7} {'verdict':>12}")
     lines += ["", f"ms, TF/s: {kernel} in the shape's sink mode (with the sink where the shape has "
               f"one); nosink: {kernel} without; peers in ms, each in the mode it computes (with the "
               f"sink on sink shapes: {', '.join(with_sink) or 'none'}); ratio = kernel / best peer "
-              f"in the best peer's mode (< 1: the kernel is faster)", hdr, "-" * len(hdr)]
+              f"in the best peer's mode (< 1: the kernel is faster); target: ms per call, or "
+              f"<=Fx on a bf16 row: at most F times the kernel's time on the shape's fp16 row "
+              f"(bf16_within)", hdr, "-" * len(hdr)]
     notes = []
     for r in rows:
         k = r["results"].get(kernel) or {}
@@ -924,8 +1211,11 @@ def format_report(body: dict) -> str:
         ns = (k.get("nosink") or {}) if main == "sink" else {}
         frac = f"{100 * s['tflops'] / gemm:5.1f}%" if gemm and s.get("tflops") else "-"
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}x ({r['ratio_basis']})"
-        t = r["target"]
-        tgt = "-" if not t else f"{t['ms']:g}"
+        t, w = r["target"], within.get(r["name"])
+        if w:  # a bf16 row: the bf16_within target, its ratio to the fp16 row's time
+            tgt, t = f"<={w['factor']:g}x", w
+        else:
+            tgt = "-" if not t else f"{t['ms']:g}"
         verdict = "-" if not t or t["hit"] is None else f"{'hit' if t['hit'] else 'MISS'} {t['ratio']:.2f}x"
         if r.get("kernel_error"):
             verdict = "ERROR"
@@ -933,7 +1223,7 @@ def format_report(body: dict) -> str:
         tf = f"{s['tflops']:.1f}" if s.get("tflops") else "-"
         ms = _ms(s.get("ms")) if s.get("status") == "ok" else (s.get("status") or "-")
         nms = _ms(ns.get("ms")) if ns.get("status") == "ok" else (ns.get("status") or "-")
-        lines.append(f"{r['name']:24} {r['flops'] / 1e9:8.2f} {ms:>8} {tf:>6} {frac:>6} {nms:>8} "
+        lines.append(f"{r['name']:{nw}} {r['flops'] / 1e9:8.2f} {ms:>8} {tf:>6} {frac:>6} {nms:>8} "
                      + " ".join(f"{_cell(r['results'].get(p)):>{width}}" for p in peers)
                      + f" {(r['best_peer'] or '-')[:width]:>{width}} {ratio:>15} {tgt:>7} {verdict:>12}")
         for p in peers:
@@ -946,7 +1236,6 @@ def format_report(body: dict) -> str:
                 if not run_wide.get("available", True) and pr["reason"] == run_wide.get("reason"):
                     continue  # unavailable for the whole run: said once, above
                 notes.append(f"{r['name']} {p}: {pr['status']}: {pr['reason']}")
-    tg = body.get("targets") or {"hits": [], "misses": [], "flat": []}
     lines += ["", f"targets ({kernel} in each shape's sink mode): {len(tg['hits'])} hit, "
               f"{len(tg['misses'])} missed" + (f" ({', '.join(tg['misses'])})" if tg["misses"] else "")
               + (f", {len(tg.get('untimed') or [])} not timed ({', '.join(tg['untimed'])})"
@@ -956,6 +1245,15 @@ def format_report(body: dict) -> str:
         verdict = "not judged" if f["hit"] is None else ("hit" if f["hit"] else "MISS")
         lines.append(f"flat across the cache: max/min = {spread} (limit {f['limit']:.2f}) {verdict}: "
                      + ", ".join(f"{n} {_ms(m)} ms" for n, m in zip(f["shapes"], f["ms"])))
+    if within:
+        ws = list(within.values())
+        hit = [w["shape"] for w in ws if w["hit"]]
+        miss = [w["shape"] for w in ws if w["hit"] is False]
+        unjudged = [w["shape"] for w in ws if w["hit"] is None]
+        factors = "/".join(f"{f:g}" for f in dict.fromkeys(w["factor"] for w in ws))
+        lines.append(f"bf16 within {factors}x of fp16 ({kernel} in each shape's sink mode): "
+                     f"{len(hit)} hit, {len(miss)} missed" + (f" ({', '.join(miss)})" if miss else "")
+                     + (f", {len(unjudged)} not judged ({', '.join(unjudged)})" if unjudged else ""))
     if notes:
         lines += ["", "notes:"] + [f"  {n}" for n in dict.fromkeys(notes)]
     return "\n".join(lines)
@@ -975,7 +1273,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "counted as\n\n"
         "    FLOPs = 4 * d * Hq * B * sum_rows(visible keys of the row)\n\n"
         "where row i (position p = past_len + i) sees p + 1 keys, min(p + 1, W) under a\n"
-        "window of W keys. Shapes and targets: benchmarks/shapes.toml (or --shapes FILE).")
+        "window of W keys; a ragged batch counts each sequence's own rows. Shapes, dtypes\n"
+        "and targets: benchmarks/shapes.toml (or --shapes FILE).")
     p.add_argument("--kernel", metavar="NAME", default=None,
                    help="the kernel under test: a registered name (hipkernel, hipkernel:cuda) or an "
                         "import path package.module:Class. Default: the best available kernel, as "
@@ -986,8 +1285,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"{','.join(DEFAULT_PEERS)})")
     p.add_argument("--shapes", default=None, metavar="FILE|NAMES",
                    help="a shapes file (.toml: all its shapes), or comma-separated names from the "
-                        "default file benchmarks/shapes.toml: shape names FAMILY-SQ@PAST[-wW], "
-                        "family names, or all. Default: every shape of the default file")
+                        "default file benchmarks/shapes.toml: shape names FAMILY-SQ@PAST[-wW] "
+                        "(-bf16 appended: the bf16 row), ragged shape names, family names, or "
+                        "all. Default: every shape of the default file")
     p.add_argument("--json", metavar="PATH", default=None,
                    help="write the record to PATH ('-' = stdout, the table then goes to stderr); "
                         "checked before any work")
@@ -1010,6 +1310,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                 "  refattn bench --kernel hipkernel --shapes gptoss-512@8192-w128 --peers flex,fa4\n"
                 "  refattn bench --kernel hipkernel --shapes d128 --peers sdpa,cudnn --json -\n"
                 "  refattn bench --kernel hipkernel --shapes gptoss-1024@4096-w128   # any FAMILY-SQ@PAST[-wW]\n"
+                "  refattn bench --kernel hipkernel --shapes gptoss-512@8192,gptoss-512@8192-bf16\n"
                 "  refattn bench --kernel mypkg.adapters:MyKernel --shapes my_shapes.toml --json b.json\n"
                 "\nexit status: 0 every check of the kernel passed and every target was hit; 1 the "
                 "kernel failed its check against the reference or raised on a shape, or a target "
@@ -1037,6 +1338,7 @@ def _device_name(T) -> str:
 
 
 def run(args) -> int:
+    from refattn.cases import CaseError
     from refattn.cli import UsageError, check_outputs
     from refattn.fileio import atomic_write_text, json_text
     from refattn.kernels import best_kernel, kernel_available, kernel_source_hash
@@ -1050,7 +1352,7 @@ def run(args) -> int:
     try:
         spec, shapes = resolve_shapes(args.shapes)
         cases = [{m: s.case(m == "sink") for m in s.modes} for s in shapes]
-    except ShapesError as e:
+    except (ShapesError, CaseError) as e:  # CaseError: a shape beyond the case limits
         raise UsageError(f"--shapes: {e}") from None
 
     kernel_name, why = (args.kernel, "named by --kernel") if args.kernel else best_kernel()
@@ -1113,7 +1415,8 @@ def run(args) -> int:
     body.update({
         "kernel_available": reason, "torch": getattr(T, "__version__", None),
         "peers_requested": [p.name for p in peers], "peers_available": peers_available,
-        "shapes_file": str(spec.path), "flop_formula": FLOP_FORMULA,
+        "shapes_file": str(spec.path), "dtypes": list(spec.dtypes), "bf16_within": spec.bf16_within,
+        "flop_formula": FLOP_FORMULA,
         "timing": {"method": timer.method, "statistic": "median", "warmup": args.warmup,
                    "reps": args.reps, "rounds": args.rounds,
                    "order": ("one burst of --reps calls each, the kernel first" if args.rounds == 1 else
@@ -1143,6 +1446,7 @@ def run(args) -> int:
 
 
 __all__ = ["CHECK_ROWS", "FLOP_FORMULA", "Family", "FlatGroup", "Impl", "Run", "Shape", "ShapeSpec",
-           "ShapesError", "add_arguments", "bench_shape", "best_peer", "check_row_blocks",
-           "default_shapes_path", "format_report", "judge_output", "judge_targets", "load_shapes",
-           "parse_shape", "resolve_shapes", "run", "sampled_reference", "shape_row", "visible_pairs"]
+           "ShapesError", "add_arguments", "bench_inputs", "bench_shape", "best_peer", "check_blocks",
+           "check_row_blocks", "default_shapes_path", "format_report", "judge_output", "judge_targets",
+           "load_shapes", "parse_shape", "ragged_row_blocks", "resolve_shapes", "run",
+           "sampled_reference", "shape_row", "visible_pairs"]

@@ -3,8 +3,10 @@ returns NumPy callables) and a fake timer. Covered: the FLOP count, the shapes f
 errors, the flags, the refusal of an adapter without ``prepare``, the check against the fp64
 reference on sampled rows (a wrong peer is ``mismatch``, a raising one ``n/a``), the sink
 modes and the like-for-like ratio, the record and its stamp, the balanced order of the
-rounds, and hipkernel's ``prepare`` on a backend whose launches run the model. The timing
-itself needs a GPU (benchmarks/test_bench_kernels.py)."""
+rounds, bf16 rows (the bf16 baseline, the bf16_within target), ragged shapes (their FLOPs,
+the per-sequence check, the zero padded rows, finite inputs), what the torch peers declare
+without torch, and hipkernel's ``prepare`` on a backend whose launches run the model. The
+timing itself needs a GPU (benchmarks/test_bench_kernels.py)."""
 
 import json
 import subprocess
@@ -16,7 +18,8 @@ import numpy as np
 import pytest
 
 from refattn import bench, cli, timing, visible
-from refattn.cases import make_inputs
+from refattn.cases import Case, make_inputs
+from refattn.lowp import round_bf16
 from refattn.reference import attention, attention_with_baseline
 from refattn.timing import Prepared
 
@@ -32,15 +35,22 @@ def run_cli(capsys, *argv):
 
 # --------------------------------------------------------------------------- fake adapters
 
+def _rounded(out, dtype: str) -> np.ndarray:
+    """An fp32 result as a kernel of ``dtype`` returns it: fp16, or float32 holding bf16."""
+    return round_bf16(out) if dtype == "bf16" else out.astype(np.float16)
+
+
 def _reference16(x) -> np.ndarray:
     k, v = x.clean_kv()
-    return attention(x.q, k, v, **x.reference_kwargs()).astype(np.float16)
+    return _rounded(attention(x.q, k, v, **x.reference_kwargs()), x.dtype)
 
 
 class FakeKernel:
-    """A correct NumPy "kernel": prepare() computes once per launch into a held output."""
+    """A correct NumPy "kernel": prepare() computes once per launch into a held output. It
+    takes ragged batches and bf16 (output float32 holding bf16 values)."""
 
     name = "fake-kernel"
+    ragged = True
     launches = 0
 
     def supports(self, case):
@@ -62,16 +72,18 @@ class FakeKernel:
         def launch():
             type(self).launches += 1
             box["out"] = self._out(x)
-        return Prepared(launch, output=lambda: box["out"], close=box.clear, variant="numpy fp32")
+        return Prepared(launch, output=lambda: box["out"], close=box.clear, variant="numpy fp32",
+                        extra={"dtype": x.dtype})
 
     def synchronize(self):
         pass
 
 
 class NoSinkPeer(FakeKernel):
-    """A peer without a sink and without a window (like SDPA)."""
+    """A peer without a sink, a window or ragged batches (like SDPA)."""
 
     name = "nosink-peer"
+    ragged = False
 
     def supports(self, case):
         return case.sink == "none" and case.window < 0
@@ -137,9 +149,52 @@ class WrongKernel(WrongPeer):
     row = 0
 
 
+class PaddedRowPeer(FakeKernel):
+    """Right on every valid row; one element of a padded row left non-zero."""
+
+    name = "padded-row-peer"
+
+    def _out(self, x):
+        out = _reference16(x)
+        if x.q_len is not None and x.q_len.min() < out.shape[1]:
+            out[int(np.argmin(x.q_len)), -1, 0, 0] = 1e-3  # the last row: padding there
+        return out
+
+
+class PaddedRowKernel(PaddedRowPeer):
+    name = "padded-row-kernel"
+
+
+class LongestPastPeer(FakeKernel):
+    """Every sequence of a ragged batch at the batch's longest past_len (the kernel bug of
+    one diagonal for the batch)."""
+
+    name = "longest-past-peer"
+
+    def _out(self, x):
+        if x.q_len is None:
+            return _reference16(x)
+        B, sq = x.q.shape[:2]
+        p = int(x.past_len.max())
+        kw = {**x.reference_kwargs(), "past_len": np.full(B, p), "q_len": x.q_len}
+        return _rounded(attention(x.q, x.k[:, :, :p + sq], x.v[:, :, :p + sq], **kw), x.dtype)
+
+
+class Fp16OutPeer(FakeKernel):
+    """On bf16 inputs, the reference rounded to fp16: closer than any bf16 kernel comes."""
+
+    name = "fp16-out-peer"
+
+    def _out(self, x):
+        k, v = x.clean_kv()
+        return attention(x.q, k, v, **x.reference_kwargs()).astype(np.float16)
+
+
 class FakeTimer:
     """Each burst: the call launched once (so a failure shows), then ``reps`` times of
-    ``ms[name]`` (default 1 ms). Records (call name, warmup, reps)."""
+    ``ms["NAME|MODE|DTYPE"]``, else ``ms["NAME|MODE"]``, else ``ms["NAME"]`` (default 1 ms;
+    the dtype from the prepared call's ``extra``, where the fakes put it). Records (call
+    name, warmup, reps)."""
 
     method = "fake timer"
 
@@ -151,7 +206,8 @@ class FakeTimer:
         call.sync()
         self.bursts.append((call.name, warmup, reps))
         name, _, mode = call.name.rpartition("|")
-        return [self.ms.get(call.name, self.ms.get(name, 1.0))] * reps
+        dtype = (getattr(call.fn, "extra", None) or {}).get("dtype")
+        return [self.ms.get(f"{call.name}|{dtype}", self.ms.get(call.name, self.ms.get(name, 1.0)))] * reps
 
 
 TINY = """
@@ -258,16 +314,33 @@ def test_the_formula_is_written_out():
 def test_the_default_shapes_and_targets_come_from_the_repos_file():
     spec, shapes = bench.resolve_shapes(None)
     assert spec.path == ROOT / "benchmarks" / "shapes.toml"
-    assert [s.name for s in shapes] == [
+    assert spec.dtypes == ("fp16", "bf16") and spec.bf16_within == 1.05
+    fp16 = [s.name for s in shapes if s.dtype == "fp16"]
+    assert fp16 == [
         "gptoss-512@8192", "gptoss-512@15872", "gptoss-512@512-w128", "gptoss-512@8192-w128",
-        "gptoss-512@15872-w128", "gptoss-16384@0", "gptoss-16384@0-w128", "d128-512@8192",
-        "d128-16384@0"]
+        "gptoss-512@15872-w128", "gptoss-16384@0", "gptoss-16384@0-w128", "gptoss-2048@14336",
+        "gptoss-128@8192", "gptoss4-4096@4096", "d128-512@8192", "d128-16384@0",
+        "gptoss-ragged8-512"]
+    # each shape's bf16 row right after its fp16 row
+    assert [s.name for s in shapes] == [n + suffix for n in fp16 for suffix in ("", "-bf16")]
     t = {s.name: s.target_ms for s in shapes}
     assert t["gptoss-512@8192"] == 0.25 and t["gptoss-512@15872"] == 0.46
     assert t["gptoss-512@512-w128"] == t["gptoss-512@8192-w128"] == t["gptoss-512@15872-w128"] == 0.03
     assert t["gptoss-16384@0"] == 5.0 and t["gptoss-16384@0-w128"] == 0.15
     assert t["d128-512@8192"] is None and t["d128-16384@0"] is None
+    assert all(t[n] is None for n in ("gptoss-2048@14336", "gptoss-128@8192", "gptoss4-4096@4096",
+                                      "gptoss-ragged8-512"))
+    for s in shapes:  # target_ms on the fp16 row, bf16_within on the bf16 row
+        assert (s.dtype, s.bf16_within) in (("fp16", None), ("bf16", 1.05))
+        assert s.dtype == "fp16" or s.target_ms is None
     assert all(s.sink for s in shapes)
+    b4 = bench.parse_shape("gptoss4-4096@4096")
+    assert (b4.geometry, b4.skv) == (dict(B=4, Hq=64, Hkv=8, d=64), 8192)
+    r = spec.by_name()["gptoss-ragged8-512"]
+    assert r.ragged and r.geometry == dict(B=8, Hq=64, Hkv=8, d=64) and r.sq == 512
+    assert r.past_lens == (128, 256, 512, 1024, 2048, 4096, 8192, 16384) and r.q_lens == (512,) * 8
+    assert r.skv == 16384 + 512 and r.window == -1 and r.modes == ("sink", "nosink")
+    assert "not 8x the longest" in r.why
     s = bench.parse_shape("d128-16384@0")
     assert (s.geometry, s.skv, s.window) == (dict(B=1, Hq=32, Hkv=8, d=128), 16384, -1)
     (flat,) = spec.flat
@@ -278,7 +351,7 @@ def test_the_default_shapes_and_targets_come_from_the_repos_file():
 def test_shapes_by_name_family_all_and_a_file(shapes_file):
     names = lambda text: [s.name for s in bench.resolve_shapes(text)[1]]  # noqa: E731
     assert names("all") == names(None)
-    assert names("d128") == ["d128-512@8192", "d128-16384@0"]
+    assert names("d128") == ["d128-512@8192", "d128-512@8192-bf16", "d128-16384@0", "d128-16384@0-bf16"]
     assert names(" gptoss-0512@8192-w128 , gptoss-512@8192-w128,gptoss-1024@4096 ") == [
         "gptoss-512@8192-w128", "gptoss-1024@4096"]
     _, got = bench.resolve_shapes("gptoss-512@8192-w128,gptoss-1024@4096")
@@ -290,7 +363,10 @@ def test_shapes_by_name_family_all_and_a_file(shapes_file):
 
 @pytest.mark.parametrize("text, words", [
     ("nope", ["'nope' is not a shape name", "FAMILY-SQ@PAST[-wW]", "gptoss-512@8192"]),
-    ("llama-512@0", ["unknown family 'llama'", "gptoss, d128"]),
+    ("llama-512@0", ["unknown family 'llama'", "gptoss, gptoss4, d128"]),
+    ("llama-512@0-bf16", ["unknown family 'llama'"]),
+    ("gptoss-512@8192-bf17", ["is not a shape name", "FAMILY-SQ@PAST[-wW][-bf16]"]),
+    ("gptoss-ragged9-512", ["is not a shape name", "gptoss-ragged8-512"]),
     ("gptoss-512@8192-w0", ["W >= 1"]),
     ("gptoss-0@10", ["Sq must be >= 1"]),
     (",", ["comma-separated list"]),
@@ -570,6 +646,348 @@ def test_the_record_file_and_the_table(capsys, shapes_file, fake_timer, tmp_path
     assert [r for _, _, r in fake_timer.bursts[:3]] == [5, 5, 5]  # 20 reps over 4 rounds
 
 
+# --------------------------------------------------------------------------- bf16 rows and ragged shapes
+
+MIXED = """
+description = "bf16 rows and ragged shapes for CPU tests"
+dtypes = ["fp16", "bf16"]
+bf16_within = 1.1
+
+[families.tiny]
+Hq = 4
+Hkv = 2
+d = 16
+sink = true
+
+[[shape]]
+family = "tiny"
+sq = 8
+past_len = 4
+target_ms = 2.0
+
+[[ragged]]
+name = "tiny-cb3"
+family = "tiny"
+past_len = [5, 3, 40]
+q_len = [30, 0, 7]
+sq = 30
+target_ms = 3.0
+why = "three sequences, one of them empty"
+
+[[ragged]]
+name = "tiny-cb2-w8"
+family = "tiny"
+past_len = [0, 17]
+sq = 12
+window = 8
+"""
+
+
+@pytest.fixture
+def mixed_file(tmp_path):
+    p = tmp_path / "mixed.toml"
+    p.write_text(MIXED)
+    return p
+
+
+def test_dtypes_and_ragged_tables_are_read(mixed_file):
+    spec = bench.load_shapes(mixed_file)
+    assert spec.dtypes == ("fp16", "bf16") and spec.bf16_within == 1.1
+    assert [s.name for s in spec.shapes] == ["tiny-8@4", "tiny-8@4-bf16", "tiny-cb3", "tiny-cb3-bf16",
+                                             "tiny-cb2-w8", "tiny-cb2-w8-bf16"]
+    by = spec.by_name()
+    assert [(s.dtype, s.target_ms, s.bf16_within) for s in spec.shapes[:4]] == [
+        ("fp16", 2.0, None), ("bf16", None, 1.1), ("fp16", 3.0, None), ("bf16", None, 1.1)]
+    cb3 = by["tiny-cb3"]
+    assert cb3.ragged and cb3.B == 3 and cb3.past_lens == (5, 3, 40) and cb3.q_lens == (30, 0, 7)
+    assert cb3.skv == 47 and cb3.sink and cb3.modes == ("sink", "nosink") and cb3.fp16_name == "tiny-cb3"
+    w8 = by["tiny-cb2-w8"]
+    assert w8.q_len is None and w8.q_lens == (12, 12) and w8.skv == 29 and w8.window == 8
+    c = by["tiny-cb3-bf16"].case(True)
+    assert (c.dtype, c.past_len, c.q_len, c.B, c.lowp) == ("bf16", (5, 3, 40), (30, 0, 7), 3, "bf16")
+    assert c.name == "tiny-cb3-bf16" and by["tiny-cb3"].case(False).sink == "none"
+    g = by["tiny-cb3"].to_dict()
+    assert (g["past_len"], g["q_len"], g["ragged"], g["dtype"], g["B"]) == ([5, 3, 40], [30, 0, 7], True, "fp16", 3)
+    assert by["tiny-8@4-bf16"].to_dict()["dtype"] == "bf16" and by["tiny-8@4"].to_dict()["ragged"] is False
+    # without dtypes a file benches fp16 only; a file of ragged shapes alone is a shapes file
+    assert bench.load_shapes(write(mixed_file.parent / "a.toml", TINY)).dtypes == ("fp16",)
+    only = MIXED.replace('[[shape]]\nfamily = "tiny"\nsq = 8\npast_len = 4\ntarget_ms = 2.0\n', "")
+    assert [s.name for s in bench.load_shapes(write(mixed_file.parent / "b.toml", only)).shapes][0] == "tiny-cb3"
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def swap(old: str, new: str):
+    """An edit of a shapes file's text: ``old`` replaced by ``new``."""
+    return lambda t: t.replace(old, new)
+
+
+DT = 'dtypes = ["fp16", "bf16"]'
+R1 = "ragged #1 (tiny-cb3)"
+
+
+@pytest.mark.parametrize("edit, words", [
+    (swap(DT, 'dtypes = ["fp32"]'), ["dtypes: 'fp32' is not one of 'fp16', 'bf16'"]),
+    (swap(DT, "dtypes = []"), ["dtypes: expected a non-empty list"]),
+    (swap(DT, 'dtypes = "bf16"'), ["dtypes: expected a non-empty list"]),
+    (swap(DT, 'dtypes = ["bf16", "bf16"]'), ["dtypes: 'bf16' is listed twice"]),
+    (swap(DT, 'dtypes = ["fp16"]'), ["bf16_within: needs both 'fp16' and 'bf16' in dtypes"]),
+    (swap("bf16_within = 1.1", 'bf16_within = "fast"'), ["bf16_within: expected a number > 0"]),
+    (swap("bf16_within = 1.1", "bf16_within = 0"), ["bf16_within: expected a number > 0"]),
+    (swap("bf16_within = 1.1", 'dtype = "bf16"'), ["dtype: unknown key"]),
+    (swap('name = "tiny-cb3"\n', ""), ["ragged #1", "name: required key is missing"]),
+    (swap("past_len = [5, 3, 40]\n", ""), ["ragged #1", "past_len: required key is missing"]),
+    (swap('name = "tiny-cb3"', 'name = "Tiny"'),
+     ["ragged #1", "name: expected a string matching ^[a-z0-9][a-z0-9.@-]*$, got 'Tiny'"]),
+    (swap('name = "tiny-cb3"', 'name = "tiny-8@4"'), ["ragged #1", "name: 'tiny-8@4' has the form FAMILY-SQ@PAST[-wW]"]),
+    (swap('name = "tiny-cb3"', 'name = "tiny-cb3-bf16"'), ["ragged #1", "name: 'tiny-cb3-bf16' ends in -bf16"]),
+    (swap("past_len = [5, 3, 40]", "past_len = 5"), [f"{R1}: past_len: expected a list of one integer per sequence"]),
+    (swap("past_len = [5, 3, 40]", "past_len = []"), [f"{R1}: past_len: expected a list"]),
+    (swap("past_len = [5, 3, 40]", "past_len = [5, -3, 40]"), [f"{R1}: past_len[1]: expected an integer >= 0, got -3"]),
+    (swap("past_len = [5, 3, 40]", "past_len = [5, 3, 4.5]"), [f"{R1}: past_len[2]: expected an integer >= 0, got 4.5"]),
+    (swap("q_len = [30, 0, 7]", "q_len = [30, 0]"),
+     [f"{R1}: q_len: expected one entry per sequence (B = 3 from past_len), got 2"]),
+    (swap("q_len = [30, 0, 7]", "q_len = [31, 0, 7]"), [f"{R1}: q_len[0]: expected an integer in [0, sq = 30], got 31"]),
+    (swap("q_len = [30, 0, 7]", "q_len = [0, 0, 0]"), [f"{R1}: q_len: every sequence has 0 rows"]),
+    (swap("sq = 30", "sq = 0"), [f"{R1}: sq: expected an integer >= 1, got 0"]),
+    (swap('family = "tiny"\npast_len = [5', 'family = "llama"\npast_len = [5'), [f"{R1}: family: unknown family 'llama'"]),
+    (swap("q_len = [30, 0, 7]", "q_len = [30, 0, 7]\nB = 3"), ["ragged #1", "B: unknown key"]),
+    (swap("target_ms = 3.0", "target_ms = -1"), [f"{R1}: target_ms: expected a number of ms > 0"]),
+    (swap("window = 8", "window = 0"), ["ragged #2 (tiny-cb2-w8): window: expected -1 (no window) or W >= 1"]),
+    (swap("window = 8", 'window = 8\nsink = "yes"'), ["ragged #2 (tiny-cb2-w8): sink: expected true or false"]),
+    (swap('name = "tiny-cb2-w8"', 'name = "tiny-cb3"'), ["ragged #2 (tiny-cb3)", "listed already"]),
+    (lambda t: t + '\n[[flat]]\nshapes = ["tiny-cb3", "tiny-cb9"]\nlimit = 1.5\n',
+     ["flat #1", "'tiny-cb9' is not a shape of this file"]),
+    (lambda t: t[:t.index("[[shape]]")], ["shape: expected one or more [[shape]] tables (or [[ragged]] tables)"]),
+])
+def test_a_bad_dtype_or_ragged_entry_is_an_error_naming_file_entry_and_key(tmp_path, edit, words):
+    p = write(tmp_path / "bad.toml", edit(MIXED))
+    with pytest.raises(bench.ShapesError) as e:
+        bench.load_shapes(p)
+    assert str(e.value).startswith(str(p))
+    for w in words:
+        assert w in str(e.value), str(e.value)
+
+
+def test_a_ragged_shape_beyond_the_case_limits_exits_2_naming_the_key(capsys, tmp_path, fake_timer):
+    p = write(tmp_path / "big.toml", MIXED.replace("past_len = [5, 3, 40]", "past_len = [5, 3, 4000000000]"))
+    code, out, err = run_cli(capsys, "bench", "--kernel", f"{HERE}:FakeKernel", "--shapes", str(p))
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert err.startswith("refattn bench: error: --shapes: case 'tiny-cb3': past_len: the cache "
+                          "would hold"), err
+    assert fake_timer.bursts == []
+
+
+def test_a_flat_group_may_name_bf16_and_ragged_rows(tmp_path):
+    spec = bench.load_shapes(write(tmp_path / "f.toml", MIXED + '\n[[flat]]\nshapes = ["tiny-8@4-bf16", '
+                                                                  '"tiny-cb3-bf16"]\nlimit = 2\n'))
+    assert spec.flat[0].shapes == ["tiny-8@4-bf16", "tiny-cb3-bf16"]
+
+
+def test_bf16_names_pick_the_bf16_row(tmp_path):
+    got = {s.name: s for s in bench.resolve_shapes("gptoss-512@8192-w128-bf16,gptoss-0512@8192-bf16,"
+                                                   "gptoss-1024@4096-bf16,gptoss-ragged8-512-bf16")[1]}
+    assert list(got) == ["gptoss-512@8192-w128-bf16", "gptoss-512@8192-bf16", "gptoss-1024@4096-bf16",
+                         "gptoss-ragged8-512-bf16"]
+    w = got["gptoss-512@8192-w128-bf16"]
+    assert (w.dtype, w.target_ms, w.bf16_within, w.fp16_name) == ("bf16", None, 1.05, "gptoss-512@8192-w128")
+    adhoc = got["gptoss-1024@4096-bf16"]  # not in the file: no target of either kind
+    assert (adhoc.dtype, adhoc.target_ms, adhoc.bf16_within, adhoc.sink) == ("bf16", None, None, True)
+    assert got["gptoss-ragged8-512-bf16"].ragged and got["gptoss-ragged8-512-bf16"].dtype == "bf16"
+    # a file that benches fp16 only: its shapes' bf16 rows by name, with the shape's sink, no target
+    spec = bench.load_shapes(write(tmp_path / "t.toml", TINY.replace('family = "plain"\nsq = 20\npast_len = 3',
+                                                                     'family = "tiny"\nsq = 20\npast_len = 3\nsink = false')))
+    s = bench.parse_shape("tiny-20@3-bf16", spec)
+    assert (s.name, s.dtype, s.sink, s.target_ms) == ("tiny-20@3-bf16", "bf16", False, None)
+    assert bench.parse_shape("tiny-8@4-bf16", spec).target_ms is None
+    spec = bench.load_shapes(write(tmp_path / "m.toml", MIXED.replace('dtypes = ["fp16", "bf16"]\nbf16_within = 1.1\n', "")))
+    r = bench.parse_shape("tiny-cb3-bf16", spec)
+    assert r.ragged and r.dtype == "bf16" and r.target_ms is None and r.past_lens == (5, 3, 40)
+
+
+def brute_force_ragged_flops(shape: bench.Shape) -> float:
+    """4 * d * Hq * (visible pairs of each sequence's valid rows over its own keys), pair by pair."""
+    pairs = 0
+    for past, n in zip(shape.past_lens, shape.q_lens):
+        p = past + np.arange(n)[:, None]
+        j = np.arange(past + n)[None, :]
+        pairs += int(visible(p, j, shape.window).sum())
+    return 4.0 * shape.d * shape.Hq * pairs
+
+
+def test_ragged_flops_count_each_sequences_own_pairs(mixed_file):
+    shapes = [s for s in bench.load_shapes(mixed_file).shapes if s.ragged]
+    shapes += [bench.Shape("r", 4, 8, 2, 32, sq=40, past_len=(0, 7, 100, 33), q_len=(40, 1, 0, 17),
+                           window=16, label="r"),
+               bench.Shape("r", 2, 8, 2, 32, sq=5, past_len=(9, 0), window=1, label="r1")]
+    for s in shapes:
+        assert s.flops() == brute_force_ragged_flops(s) == s.case(True).flops, s.name
+    r = bench.parse_shape("gptoss-ragged8-512")
+    gpt = 4 * 64 * 64  # 4 * d * Hq
+    expect = gpt * sum((p + 1 + p + 512) * 512 // 2 for p in r.past_lens)
+    assert r.flops() == expect == r.case(True).flops
+    assert r.flops() < 8 * bench.parse_shape("gptoss-512@16384").flops() / 2  # not 8x the longest
+
+
+def test_ragged_row_blocks_are_each_sequences_own():
+    assert bench.ragged_row_blocks([100, 0, 7]) == [(0, 0, 32), (0, 34, 66), (0, 68, 100), (2, 0, 7)]
+    s = bench.Shape("r", 3, 4, 2, 16, sq=30, past_len=(5, 3, 40), q_len=(30, 0, 7), label="r")
+    assert bench.check_blocks(s) == [(0, 0, 30), (2, 0, 7)]
+    assert bench.check_blocks(bench.Shape("u", 2, 4, 2, 16, sq=130)) == [(0, 32), (49, 81), (98, 130)]
+
+
+def test_the_reference_of_a_ragged_block_is_that_of_its_sequence_alone():
+    case = Case(name="r", Hq=4, Hkv=2, d=16, sq=110, B=3, past_len=(5, 3, 40), q_len=(110, 0, 7),
+                window=24, sink="per_head", why="test")
+    x = bench.bench_inputs(case)
+    blocks = bench.ragged_row_blocks(case.q_lens)
+    ref, base = bench.sampled_reference(x, blocks)
+    assert ref.shape == (1, 32 * 3 + 7, 4, 16)
+    k, v = x.clean_kv()
+    full, full_base = attention_with_baseline(x.q, k, v, **x.reference_kwargs())
+    rows = np.concatenate([full[b:b + 1, i0:i1] for b, i0, i1 in blocks], axis=1)
+    np.testing.assert_allclose(ref, rows, rtol=1e-12, atol=1e-14)
+    # sequence 2 alone: the uniform call over its own 47 keys
+    alone = attention_with_baseline(np.ascontiguousarray(x.q[2:3, :7]), x.k[2:3, :, :47], x.v[2:3, :, :47],
+                                    past_len=40, window=24, sink=x.sink)[0]
+    np.testing.assert_allclose(ref[:, -7:], alone, rtol=1e-12, atol=1e-14)
+
+
+def test_ragged_bench_inputs_are_finite_where_the_case_matrix_puts_canaries():
+    case = Case(name="r", Hq=4, Hkv=2, d=16, sq=30, B=3, past_len=(5, 3, 40), q_len=(30, 0, 7),
+                sink="per_head", why="test")
+    canaries, x = make_inputs(case), bench.bench_inputs(case)
+    assert np.isnan(canaries.k).any() and np.isnan(canaries.q).any()
+    for a in (x.q, x.k, x.v):
+        assert np.isfinite(a).all() and not a.flags.writeable
+    assert not x.past_len.flags.writeable and not x.q_len.flags.writeable
+    for b, (n, end) in enumerate(zip(case.q_lens, case.seq_lens)):  # the same numbers where read
+        np.testing.assert_array_equal(x.k[b, :, :end], canaries.k[b, :, :end])
+        np.testing.assert_array_equal(x.q[b, :n], canaries.q[b, :n])
+        assert not x.k[b, :, end:].any() and not x.v[b, :, end:].any() and not x.q[b, n:].any()
+    # a uniform case keeps make_inputs' canaries past the cache (peers upload clean_kv())
+    u = bench.bench_inputs(bench.Shape("u", 1, 4, 2, 16, sq=8, past_len=4).case(False))
+    assert np.isnan(u.k[:, :, 12:]).all() and np.isfinite(u.q).all()
+
+
+def test_the_ragged_check_passes_the_reference_and_catches_padding_and_one_diagonal(
+        capsys, mixed_file, fake_timer):
+    code, rec, err = bench_json(capsys, mixed_file, peers=f"{HERE}:PaddedRowPeer,{HERE}:LongestPastPeer,"
+                                                           f"{HERE}:NoSinkPeer")
+    assert rec["ok"] is True, err
+    rows = {r["name"]: r for r in rec["shapes"]}
+    cb3 = rows["tiny-cb3"]
+    assert cb3["check_rows"] == [[0, 0, 30], [2, 0, 7]] and cb3["flops"] == bench.load_shapes(
+        mixed_file).by_name()["tiny-cb3"].case(True).flops
+    k = cb3["results"]["fake-kernel"]
+    assert k["sink"]["status"] == k["nosink"]["status"] == "ok" and k["sink"]["ms"] == 1.0
+    pad = cb3["results"]["padded-row-peer"]["sink"]
+    assert pad["status"] == "mismatch" and pad["ms"] is None
+    assert pad["reason"] == "padded rows (i >= q_len[b]) are not 0: 1 elements, in sequence 1"
+    assert pad["rel_l2"] <= pad["gate_rel_l2"]  # every valid row is right
+    diag = cb3["results"]["longest-past-peer"]["sink"]
+    assert diag["status"] == "mismatch" and diag["reason"].startswith("does not match the fp64 reference")
+    declined = cb3["results"]["nosink-peer"]
+    assert declined["sink"] is None and declined["nosink"]["status"] == "n/a"
+    assert declined["nosink"]["reason"] == bench.RAGGED_DECLINE  # said once for both modes
+    assert rows["tiny-cb3"]["best_peer"] is None  # every peer failed or declined
+    w8 = rows["tiny-cb2-w8"]  # no padded rows: every row of both sequences, under a window
+    assert w8["check_rows"] == [[0, 0, 12], [1, 0, 12]]
+    assert w8["results"]["padded-row-peer"]["sink"]["status"] == "ok"
+    assert w8["results"]["longest-past-peer"]["sink"]["status"] == "mismatch"
+    for r in rec["shapes"]:  # the uniform rows are untouched by the ragged peers
+        if not r["geometry"]["ragged"]:
+            assert r["results"]["longest-past-peer"]["sink"]["status"] == "ok"
+            assert r["results"]["padded-row-peer"]["sink"]["status"] == "ok"
+    assert rows["tiny-cb3"]["target"]["hit"] is True  # 1 ms against 3 ms
+
+
+def test_a_kernel_that_leaves_a_padded_row_fails_the_run(capsys, mixed_file, fake_timer):
+    code, rec, err = bench_json(capsys, mixed_file, kernel=f"{HERE}:PaddedRowKernel", peers="none")
+    assert code == 1 and rec["ok"] is False
+    rows = {r["name"]: r for r in rec["shapes"]}
+    assert rows["tiny-cb3"]["kernel_error"].startswith("sink: mismatch: padded rows (i >= q_len[b]) are not 0")
+    assert rows["tiny-cb3-bf16"]["kernel_error"] and rows["tiny-8@4"]["kernel_error"] is None
+
+
+def test_judge_output_counts_nan_in_a_padded_row():
+    case = Case(name="r", Hq=4, Hkv=2, d=16, sq=9, B=2, past_len=(3, 0), q_len=(9, 4), why="test")
+    x = bench.bench_inputs(case)
+    blocks = bench.ragged_row_blocks(case.q_lens)
+    ref, base = bench.sampled_reference(x, blocks)
+    out = _reference16(x)
+    ok = bench.judge_output(out, x.q.shape, blocks, ref, base, q_len=[9, 4])
+    assert ok["passed"] and ok["padded_nonzero"] == 0 and ok["reason"] == ""
+    out[1, 6, 2, 3] = np.nan
+    bad = bench.judge_output(out, x.q.shape, blocks, ref, base, q_len=[9, 4])
+    assert not bad["passed"] and bad["padded_nonzero"] == 1 and "in sequence 1" in bad["reason"]
+    assert bad["n_nan"] == 0  # the valid rows are clean: the padded row alone fails it
+
+
+def test_bf16_rows_are_judged_with_the_bf16_baseline(capsys, mixed_file, fake_timer):
+    code, rec, err = bench_json(capsys, mixed_file, peers=f"{HERE}:Fp16OutPeer")
+    rows = {r["name"]: r for r in rec["shapes"]}
+    for name in ("tiny-8@4", "tiny-cb3", "tiny-cb2-w8"):
+        fp16, bf16 = rows[name]["results"]["fake-kernel"]["sink"], rows[name + "-bf16"]["results"]["fake-kernel"]["sink"]
+        assert fp16["status"] == bf16["status"] == "ok", (name, bf16["reason"])
+        assert rows[name + "-bf16"]["geometry"]["dtype"] == "bf16"
+        # a bf16 kernel's error is about 8x an fp16 one's, past the fp16 gate, and so is the
+        # gate it is held to
+        assert bf16["rel_l2"] > 5 * fp16["rel_l2"] and bf16["rel_l2"] > 2 * fp16["gate_rel_l2"]
+        assert bf16["gate_rel_l2"] > 4 * fp16["gate_rel_l2"]
+    # the fp16 baseline's gate would fail the same correct bf16 output
+    case = bench.load_shapes(mixed_file).by_name()["tiny-8@4-bf16"].case(True)
+    x = bench.bench_inputs(case)
+    assert x.dtype == "bf16" and x.q.dtype == np.float32 and np.array_equal(round_bf16(x.q), x.q)
+    blocks = bench.check_row_blocks(case.sq)
+    ref, base = bench.sampled_reference(x, blocks)
+    k, v = x.clean_kv()
+    np.testing.assert_array_equal(base, attention_with_baseline(x.q, k, v, lowp="bf16", **x.reference_kwargs())[1])
+    out = _reference16(x)
+    assert bench.judge_output(out, x.q.shape, blocks, ref, base, lowp="bf16")["passed"]
+    base16 = attention_with_baseline(x.q, k, v, lowp="fp16", **x.reference_kwargs())[1]
+    assert not bench.judge_output(out, x.q.shape, blocks, ref, base16, lowp="fp16")["passed"]
+
+
+def test_the_bf16_within_target_hit_and_miss(capsys, mixed_file, fake_timer):
+    fake_timer.ms = {"fake-kernel|sink|fp16": 1.0, "fake-kernel|sink|bf16": 1.05,
+                     "fake-kernel|nosink|bf16": 5.0}
+    code, rec, err = bench_json(capsys, mixed_file, peers="none")
+    assert code == 0, err
+    assert rec["dtypes"] == ["fp16", "bf16"] and rec["bf16_within"] == 1.1
+    within = rec["targets"]["bf16_within"]
+    assert [w["shape"] for w in within] == ["tiny-8@4-bf16", "tiny-cb3-bf16", "tiny-cb2-w8-bf16"]
+    assert within[0] == {"shape": "tiny-8@4-bf16", "fp16_shape": "tiny-8@4", "factor": 1.1, "mode": "sink",
+                         "bf16_ms": 1.05, "fp16_ms": 1.0, "ratio": pytest.approx(1.05), "hit": True}
+    rows = {r["name"]: r for r in rec["shapes"]}
+    assert rows["tiny-8@4-bf16"]["target"] is None and rows["tiny-8@4"]["target"]["hit"] is True
+    assert rows["tiny-8@4-bf16"]["bf16_within"] == {"factor": 1.1, "mode": "sink", "fp16_shape": "tiny-8@4"}
+    line = next(x for x in err.splitlines() if x.startswith("tiny-8@4-bf16 "))
+    assert "<=1.1x" in line and "hit 1.05x" in line
+    assert "bf16 within 1.1x of fp16 (fake-kernel in each shape's sink mode): 3 hit, 0 missed" in err
+    fake_timer.ms["fake-kernel|sink|bf16"] = 1.2
+    code, rec, err = bench_json(capsys, mixed_file, peers="none")
+    assert code == 1 and rec["ok"] is True  # a missed target fails the command, not the record
+    assert [w["hit"] for w in rec["targets"]["bf16_within"]] == [False] * 3
+    assert rec["targets"]["misses"] == []  # target_ms: every fp16 row is within its ms
+    assert "MISS 1.20x" in err and "3 missed (tiny-8@4-bf16, tiny-cb3-bf16, tiny-cb2-w8-bf16)" in err
+
+
+def test_a_bf16_row_without_its_fp16_row_is_not_judged(mixed_file):
+    spec = bench.load_shapes(mixed_file)
+    bf16 = spec.by_name()["tiny-8@4-bf16"]
+    results = {"k": {"role": "kernel", "sink": {"status": "ok", "ms": 1.0}, "nosink": None}}
+    (w,) = bench.judge_targets([bench.shape_row(bf16, results, "k")], [], "k")["bf16_within"]
+    assert w["fp16_ms"] is None and w["hit"] is None
+    assert not bench.targets_missed({"misses": [], "flat": [], "bf16_within": [w]})
+    body = {"kernel": "k", "shapes": [bench.shape_row(bf16, results, "k")],
+            "targets": bench.judge_targets([bench.shape_row(bf16, results, "k")], [], "k")}
+    assert "0 hit, 0 missed, 1 not judged (tiny-8@4-bf16)" in bench.format_report(body)
+
+
 # --------------------------------------------------------------------------- interleaved rounds
 
 class DriftingTimer:
@@ -695,6 +1113,28 @@ def test_the_peers_declare_their_contract_without_torch():
     assert bench.parse_peer_list("SDPA, flex,sdpa") == ["sdpa", "flex"] and bench.parse_peer_list("none") == []
 
 
+def test_the_peers_take_bf16_and_flex_and_fa4_ragged_batches_without_torch():
+    from refattn.adapters import torch_peers as peers
+
+    sdpa, cudnn, flex, fa4 = peers.Sdpa(), peers.Cudnn(), peers.Flex(), peers.Fa4()
+    full, w = bench.parse_shape("gptoss-512@8192-bf16"), bench.parse_shape("gptoss-512@8192-w128-bf16")
+    for p in (sdpa, cudnn, flex, fa4):
+        assert p.supports(full.case(False)) and p.unsupported_reason(full.case(False)) is None
+        fp32 = Case(name="f", Hq=64, Hkv=8, d=64, sq=512, past_len=8192, dtype="fp32", why="t")
+        assert p.unsupported_reason(fp32) == f"{p.name} is timed on fp16 and bf16 only (the case is fp32)"
+        soft = Case(name="s", Hq=8, Hkv=2, d=64, sq=16, softcap=30.0, dtype="bf16", why="t")
+        assert p.unsupported_reason(soft) == f"{p.name}: softcap is not configured"
+    for p in (flex, fa4):
+        assert p.supports(w.case(True))
+    ragged = bench.parse_shape("gptoss-ragged8-512")
+    assert flex.ragged is True and fa4.ragged is True
+    assert not hasattr(sdpa, "ragged") and not hasattr(cudnn, "ragged")  # the runner and the bench decline
+    for p in (flex, fa4):
+        assert p.supports(ragged.case(True)) and p.supports(bench.parse_shape("gptoss-ragged8-512-bf16").case(False))
+    for p in (sdpa, cudnn):
+        assert p.unsupported_reason(ragged.case(False)) == f"{p.name}: no ragged batches (one past_len for every sequence)"
+
+
 def test_peers_that_cannot_run_here_are_n_a_with_the_reason(capsys, shapes_file, fake_timer):
     try:
         import torch  # noqa: F401
@@ -763,3 +1203,69 @@ def test_refattn_bench_of_hipkernel_on_a_model_backend(capsys, model_gpu, fake_t
     assert r["sink"]["checked"] == "prepared launch"
     assert {launch["args"][11] for launch in model_gpu.launches} == {0, 1}  # both sink modes
     assert not model_gpu._mem  # every buffer freed
+
+
+
+def _ragged_bf16_model_backend():
+    """tests.test_fuzz's ModelBackend, also decoding the ABI's two length pointers (a ragged
+    call: int32 arrays, possibly at an offset into one buffer) and the HK_BF16 define (q, k,
+    v and out hold bf16 bit patterns)."""
+    from hipkernel import model
+    from hipkernel.config import KernelConfig
+    from tests.fake_backend import RecordingBackend
+    from tests.test_fuzz import ModelBackend
+
+    class RaggedBf16ModelBackend(ModelBackend):
+        def ints(self, ptr, n):
+            base = max(b for b in self._mem if b <= ptr)
+            return np.frombuffer(bytes(self._mem[base]), np.int32, n, ptr - base).astype(np.int64)
+
+        def load(self, ptr, shape, bf16):
+            if not bf16:
+                return self.view(ptr, shape)
+            bits = np.frombuffer(self._mem[ptr], dtype=np.uint16).reshape(shape)
+            return (bits.astype(np.uint32) << 16).view(np.float32)
+
+        def launch(self, kernel, grid, block, args, shared_mem=0):
+            RecordingBackend.launch(self, kernel, grid, block, args, shared_mem)
+            q, k, v, sink, out, Sq, Hq, Hkv, S_cap, past, window, mode, scale, plens, qlens = \
+                [x for _, x in args][:15]
+            d, B, bf16 = kernel["HEAD_DIM"], grid[2], bool(kernel.get("HK_BF16"))
+            res = model.attention(
+                self.load(q, (B, Sq, Hq, d), bf16), self.load(k, (B, Hkv, S_cap, d), bf16),
+                self.load(v, (B, Hkv, S_cap, d), bf16),
+                past_len=self.ints(plens, B) if plens else past, q_len=self.ints(qlens, B) if qlens else None,
+                window=window, sink=self.view(sink, (Hq,)) if mode == 1 else None,
+                smooth_softmax=mode == 2, scale=scale, dtype="bf16" if bf16 else "fp16",
+                config=KernelConfig(kernel["M_TILES"], kernel["BKV"], kernel["PATH"],
+                                    pack=kernel.get("PACK", 1), walk=kernel.get("QWALK", 1)))
+            if bf16:
+                res = (np.ascontiguousarray(res).view(np.uint32) >> 16).astype(np.uint16)
+                np.frombuffer(self._mem[out], dtype=np.uint16).reshape(res.shape)[...] = res
+            else:
+                self.store(out, res)
+
+    return RaggedBf16ModelBackend(arch="sm_90")
+
+
+def test_refattn_bench_of_hipkernel_on_ragged_and_bf16_rows(capsys, monkeypatch, fake_timer, tmp_path):
+    import hipkernel.backends as backends
+
+    be = _ragged_bf16_model_backend()
+    monkeypatch.setattr(backends, "get_backend", lambda name=None: be)
+    monkeypatch.setenv("HIPKERNEL_TUNE", "0")
+    shapes = write(tmp_path / "s.toml", 'dtypes = ["fp16", "bf16"]\nbf16_within = 2.0\n\n'
+                   '[families.g]\nHq = 8\nHkv = 2\nd = 64\nsink = true\n\n'
+                   '[[ragged]]\nname = "g-cb3"\nfamily = "g"\npast_len = [24, 0, 7]\nq_len = [40, 9, 0]\n'
+                   'sq = 40\nwindow = 16\n')
+    code, rec, err = bench_json(capsys, shapes, kernel="hipkernel", peers=f"{HERE}:SinkPeer")
+    assert code == 0, err
+    assert [r["name"] for r in rec["shapes"]] == ["g-cb3", "g-cb3-bf16"]
+    for r in rec["shapes"]:
+        k = r["results"]["hipkernel"]
+        assert k["sink"]["status"] == k["nosink"]["status"] == "ok", (r["name"], k)
+        assert r["check_rows"] == [[0, 0, 40], [1, 0, 9]]
+    assert [w["hit"] for w in rec["targets"]["bf16_within"]] == [True]
+    assert {bool(launch["kernel"].get("HK_BF16")) for launch in be.launches} == {False, True}
+    assert all(launch["args"][13] and launch["args"][14] for launch in be.launches)  # both length arrays
+    assert not be._mem  # every buffer freed

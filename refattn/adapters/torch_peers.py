@@ -13,10 +13,11 @@ import path (``refattn.adapters.torch_peers:Sdpa``) or, in ``refattn bench --pee
 * ``cudnn``: the same held to cuDNN (``SDPBackend.CUDNN_ATTENTION``). No sink, no window.
 * ``flex``: ``torch.compile(flex_attention)`` with a block mask for causal bottom-right
   (+ the window), and the sink applied exactly from the LSE: ``out * sigmoid(lse - sink)``,
-  the sink identity ``Z / (Z + e^sink) = sigmoid(ln Z - sink)``.
+  the sink identity ``Z / (Z + e^sink) = sigmoid(ln Z - sink)``. Ragged batches.
 * ``fa4``: FlashAttention 4 (``flash_attn.cute.interface.flash_attn_func``, package
   ``flash-attn-4``), ``causal=True``, ``window_size=(W - 1, 0)`` (``(None, 0)`` without a
   window), ``learnable_sink`` the per-head sink as fp32 ``(Hq,)``, q/k/v in ``(B, S, H, d)``.
+  Ragged batches through ``flash_attn_varlen_func``.
 
 How each is configured
 ======================
@@ -48,9 +49,30 @@ How each is configured
   fp32 is refused, bf16 is tried, and the variant says so (bf16 cannot hold every fp16 sink
   exactly: the bench's check against the reference decides whether it still matches).
 
-All of them compute in fp16 on fp16 inputs (``dtype = "fp16"`` only), with the case's scale
-(default 1/sqrt(d)), no softcap. The bench checks each one's output against the fp64
-reference before timing it (``refattn.bench``).
+* **Data types.** fp16 and bf16 cases (fp32 is declined). A bf16 case's q/k/v, float32
+  arrays holding bf16 values on the host, are uploaded as ``torch.bfloat16`` (exact), and the
+  output is read back as a float32 array holding its bf16 values (exact; ``run`` returns it
+  as a new array rather than rounding it into the fp16 ``inputs.out``). The sink stays fp32
+  on the device in either dtype (FA4's bf16 fallback aside).
+* **Ragged batches** (docs/semantics.md, Ragged batches; ``ragged = True`` on ``flex`` and
+  ``fa4``; ``sdpa`` and ``cudnn`` have no such attribute and decline them). Both get the
+  whole cache, all ``S_cap`` rows of every sequence, and the per-sequence lengths as device
+  tensors. ``flex``: a block mask over ``B`` built from ``past_len`` and ``q_len``: key j
+  visible from row i of sequence b iff ``i < q_len[b]`` and ``j <= past_len[b] + i`` (and
+  ``j >= past_len[b] + i - W + 1`` under a window). A padded row is then fully masked: flex
+  gives it LSE -inf, whose sink gate ``sigmoid(-inf - sink)`` is 0; the ragged sink path sets
+  the gate to 0 there outright, so no NaN can come from it. ``fa4``:
+  ``flash_attn_varlen_func`` with q ``(B, Sq, Hq, d)``, k/v ``(B, S_cap, Hkv, d)``,
+  ``seqused_q = q_len`` and ``seqused_k = past_len + q_len`` (int32), ``max_seqlen_q = Sq``,
+  ``max_seqlen_k = S_cap``; its causal mask is bottom-right per sequence, so row i of b sees
+  keys ``j <= seqused_k[b] - seqused_q[b] + i = past_len[b] + i``. FA4 leaves what its
+  padded rows hold undefined, so the adapters' convention is that ``output()`` sets every
+  padded row (``i >= q_len[b]``) to 0 on the host, after the read-back and outside the timed
+  launch; ``flex``'s ``output()`` does the same.
+
+All of them compute on the case's dtype (fp16 or bf16) with the case's scale (default
+1/sqrt(d)), no softcap. The bench checks each one's output against the fp64 reference before
+timing it (``refattn.bench``).
 """
 
 from __future__ import annotations
@@ -129,10 +151,12 @@ class _TorchPeer:
 
     def unsupported_reason(self, case) -> str | None:
         """Why ``supports(case)`` is False, or None when it is True."""
-        if case.dtype != "fp16":
-            return f"{self.name} is timed on fp16 only (the case is {case.dtype})"
+        if case.dtype not in ("fp16", "bf16"):
+            return f"{self.name} is timed on fp16 and bf16 only (the case is {case.dtype})"
         if case.softcap:
             return f"{self.name}: softcap is not configured"
+        if case.ragged and not getattr(self, "ragged", False):
+            return f"{self.name}: no ragged batches (one past_len for every sequence)"
         return self._unsupported(case)
 
     def _unsupported(self, case) -> str | None:
@@ -142,41 +166,57 @@ class _TorchPeer:
         return self.unsupported_reason(case) is None
 
     def run(self, inputs):
-        """One call on fresh device copies, the output read back into ``inputs.out``."""
+        """One call on fresh device copies, the output read back into ``inputs.out`` (fp16), or
+        for a bf16 case returned as a new float32 array holding the bf16 values."""
         if not self.supports(inputs.case):
             return -1, inputs.out
         p = self.prepare(inputs)
         try:
             p()
             self.synchronize()
-            inputs.out[...] = p.output()
+            out = p.output()
+            if inputs.dtype == "fp16":
+                inputs.out[...] = out
+                out = inputs.out
         finally:
             if p.close is not None:
                 p.close()
-        return 0, inputs.out
+        return 0, out
 
     # ---- helpers ----------------------------------------------------------------------------
     @staticmethod
-    def _dev(T, a):
-        """A device copy of NumPy ``a`` (copied first: the bench's inputs are read-only)."""
-        return T.from_numpy(np.array(a, copy=True)).to("cuda")
+    def _dev(T, a, dtype: str = "fp16"):
+        """A device copy of NumPy ``a`` (copied first: the bench's inputs are read-only). With
+        ``dtype = "bf16"`` a float32 array of bf16 values becomes ``torch.bfloat16`` (exact)."""
+        t = T.from_numpy(np.array(a, copy=True)).to("cuda")
+        return t.to(T.bfloat16) if dtype == "bf16" else t
 
-    def _upload(self, inputs) -> dict:
-        """q (B, Hq, Sq, d), k and v (B, Hkv, skv, d) cut to the cache, the scale."""
+    def _upload(self, inputs, whole_cache: bool = False) -> dict:
+        """q (B, Hq, Sq, d), k and v (B, Hkv, skv, d) cut to the cache (``whole_cache``: all
+        S_cap rows, as a ragged batch has them), in the case's dtype; the scale."""
         T = _torch()
-        k, v = inputs.clean_kv()
-        return {"q": self._dev(T, inputs.q).transpose(1, 2).contiguous(),
-                "k": self._dev(T, k).contiguous(), "v": self._dev(T, v).contiguous(),
+        k, v = (inputs.k, inputs.v) if whole_cache else inputs.clean_kv()
+        dt = inputs.dtype
+        return {"q": self._dev(T, inputs.q, dt).transpose(1, 2).contiguous(),
+                "k": self._dev(T, k, dt).contiguous(), "v": self._dev(T, v, dt).contiguous(),
                 "scale": inputs.scale or 1.0 / math.sqrt(inputs.q.shape[3])}
 
     @staticmethod
-    def _reader(holder: dict, bhsd: bool = True):
-        """``output()``: the last output as NumPy (B, Sq, Hq, d) fp16."""
+    def _reader(holder: dict, bhsd: bool = True, q_len=None):
+        """``output()``: the last output as NumPy (B, Sq, Hq, d): fp16, or float32 holding the
+        values of a bf16 output (exact). With ``q_len`` (a ragged batch) the padded rows
+        ``i >= q_len[b]`` are set to 0 here, on the host (module docstring)."""
         def output():
             out = holder["out"]
             if bhsd:
                 out = out.transpose(1, 2)
-            return out.to("cpu").contiguous().numpy().astype(np.float16, copy=False)
+            if out.dtype == _torch().bfloat16:
+                host = out.float().to("cpu").contiguous().numpy()
+            else:
+                host = out.to("cpu").contiguous().numpy().astype(np.float16, copy=False)
+            for b, n in enumerate(q_len or ()):
+                host[b, n:] = 0
+            return host
         return output
 
 
@@ -289,7 +329,8 @@ class Cudnn(_Sdpa):
         visible = T.ones(sq, skv, dtype=T.bool, device="cuda").tril(diagonal=past)
         bias = T.zeros(1, 1, sq, skv, dtype=t["q"].dtype, device="cuda")
         bias.masked_fill_(~visible, float("-inf"))
-        return "dense bottom-right mask (additive fp16)", {"attn_mask": bias}
+        kind = "bf16" if t["q"].dtype == T.bfloat16 else "fp16"
+        return f"dense bottom-right mask (additive {kind})", {"attn_mask": bias}
 
 
 class _FlexCompiled:
@@ -338,10 +379,19 @@ class _FlexCompiled:
             gate = T.sigmoid(lse * lse_scale - sink[None, :, None])
             return (out.float() * gate[..., None]).to(out.dtype)
 
+        def flex_sink_ragged(q, k, v, block_mask, scale, sink, valid):
+            # A padded row (valid[b, i] False) is fully masked: flex gives it LSE -inf, whose
+            # gate sigmoid(-inf - sink) is 0. The gate is set to 0 there outright, so that no
+            # LSE flex may leave in such a row (nor -inf - -inf) can make it NaN.
+            out, lse = flex_lse(q, k, v, block_mask, scale)
+            gate = T.where(valid[:, None, :], T.sigmoid(lse * lse_scale - sink[None, :, None]), 0.0)
+            return (out.float() * gate[..., None]).to(out.dtype)
+
         def flex_plain(q, k, v, block_mask, scale):
             return fa.flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True)
 
         self.sink_fn = T.compile(flex_sink, dynamic=False)
+        self.sink_ragged_fn = T.compile(flex_sink_ragged, dynamic=False)
         self.plain_fn = T.compile(flex_plain, dynamic=False)
 
     def _probe_lse_base(self) -> tuple[float, str]:
@@ -372,11 +422,26 @@ class _FlexCompiled:
         mask_mod = causal if W < 0 else self.and_masks(causal, in_window)
         return self.create_block_mask(mask_mod, None, None, sq, skv, device="cuda")
 
+    def ragged_block_mask(self, sq: int, s_cap: int, past, q_len, W: int):
+        """A ragged batch's visibility (docs/semantics.md, Ragged batches) from per-sequence
+        device tensors ``past`` and ``q_len`` (B,): key j of sequence b visible from its row i
+        iff i < q_len[b] and j <= past[b] + i (so never j >= past[b] + q_len[b]), and
+        j >= past[b] + i - W + 1 under a window; one mask per sequence over the whole cache."""
+        def causal(b, h, q_idx, kv_idx):
+            return (q_idx < q_len[b]) & (kv_idx <= past[b] + q_idx)
+
+        def in_window(b, h, q_idx, kv_idx):
+            return kv_idx >= past[b] + q_idx - W + 1
+
+        mask_mod = causal if W < 0 else self.and_masks(causal, in_window)
+        return self.create_block_mask(mask_mod, past.shape[0], None, sq, s_cap, device="cuda")
+
 
 class Flex(_TorchPeer):
     """``torch.compile``d FlexAttention, the sink applied exactly from its LSE."""
 
     name = "flex"
+    ragged = True  # per-sequence past_len / q_len, in the block mask
     _compiled: object = None  # _FlexCompiled, or the exception building it raised (per process)
 
     def _probe(self, T):
@@ -410,17 +475,29 @@ class Flex(_TorchPeer):
             raise ValueError(f"flex: {self.unsupported_reason(inputs.case)}")
         T = _torch()
         fx = self.compiled()
-        t = self._upload(inputs)
+        ragged = inputs.q_len is not None
+        t = self._upload(inputs, whole_cache=ragged)
         B, Sq, Hq, d = inputs.q.shape
-        bm = fx.block_mask(Sq, inputs.skv, inputs.past_len, inputs.window)
         q, k, v, scale = t["q"], t["k"], t["v"], t["scale"]
+        q_len = None
+        if ragged:
+            q_len = [int(n) for n in inputs.q_len]
+            past = self._dev(T, np.asarray(inputs.past_len, dtype=np.int64))
+            rows = self._dev(T, np.asarray(inputs.q_len, dtype=np.int64))
+            bm = fx.ragged_block_mask(Sq, k.shape[2], past, rows, inputs.window)
+            valid = T.arange(Sq, device="cuda")[None, :] < rows[:, None]  # (B, Sq)
+        else:
+            bm = fx.block_mask(Sq, inputs.skv, inputs.past_len, inputs.window)
         holder: dict = {}
         sink = None
         if inputs.sink is not None:
             sink = self._dev(T, inputs.sink).float()
         elif inputs.smooth_softmax:
             sink = T.zeros(Hq, dtype=T.float32, device="cuda")
-        if sink is not None:
+        if sink is not None and ragged:
+            def fn():
+                holder["out"] = fx.sink_ragged_fn(q, k, v, bm, scale, sink, valid)
+        elif sink is not None:
             def fn():
                 holder["out"] = fx.sink_fn(q, k, v, bm, scale, sink)
         else:
@@ -431,23 +508,36 @@ class Flex(_TorchPeer):
             fn()  # compiles for this shape (untimed)
             T.cuda.synchronize()
         w = "" if inputs.window < 0 else f" + window {inputs.window}"
-        label = f"block mask causal bottom-right{w}, enable_gqa=True"
+        if ragged:
+            label = (f"block mask per sequence (i < q_len[b], j <= past_len[b] + i{w}) over "
+                     f"B = {B} x S_cap = {k.shape[2]}, enable_gqa=True")
+        else:
+            label = f"block mask causal bottom-right{w}, enable_gqa=True"
         if sink is not None:
             label += f", {fx.api}, sink = out * sigmoid(lse - sink), LSE base {fx.lse_base}"
-        return Prepared(fn, output=self._reader(holder), close=holder.clear, variant=label,
-                        extra={"lse_base": fx.lse_base})
+        if ragged:
+            label += "; padded rows set to 0 on the host"
+        return Prepared(fn, output=self._reader(holder, q_len=q_len), close=holder.clear,
+                        variant=label, extra={"lse_base": fx.lse_base})
 
 
 class Fa4(_TorchPeer):
     """FlashAttention 4 (``flash_attn.cute``), with the sink as its ``learnable_sink``."""
 
     name = "fa4"
+    ragged = True  # flash_attn_varlen_func with seqused_q / seqused_k
 
     @staticmethod
     def _func():
         from flash_attn.cute.interface import flash_attn_func
 
         return flash_attn_func
+
+    @staticmethod
+    def _varlen_func():
+        from flash_attn.cute.interface import flash_attn_varlen_func
+
+        return flash_attn_varlen_func
 
     @staticmethod
     def _version() -> str:
@@ -479,14 +569,33 @@ class Fa4(_TorchPeer):
         if not self.supports(inputs.case):
             raise ValueError(f"fa4: {self.unsupported_reason(inputs.case)}")
         T = _torch()
-        func = self._func()
-        k, v = inputs.clean_kv()
-        q = self._dev(T, inputs.q).contiguous()                      # (B, Sq, Hq, d)
-        k = self._dev(T, k).transpose(1, 2).contiguous()             # (B, skv, Hkv, d)
-        v = self._dev(T, v).transpose(1, 2).contiguous()
+        ragged = inputs.q_len is not None
+        func = self._varlen_func() if ragged else self._func()
+        k, v = (inputs.k, inputs.v) if ragged else inputs.clean_kv()
+        dt = inputs.dtype
+        q = self._dev(T, inputs.q, dt).contiguous()                  # (B, Sq, Hq, d)
+        k = self._dev(T, k, dt).transpose(1, 2).contiguous()         # (B, skv or S_cap, Hkv, d)
+        v = self._dev(T, v, dt).transpose(1, 2).contiguous()
         scale = inputs.scale or 1.0 / math.sqrt(inputs.q.shape[3])
         window = (inputs.window - 1, 0) if inputs.window > 0 else (None, 0)
         Hq = inputs.q.shape[2]
+        q_len = None
+        if ragged:
+            # causal=True is bottom-right per sequence: row i of b sees keys
+            # j <= seqused_k[b] - seqused_q[b] + i = past_len[b] + i
+            q_len = [int(n) for n in inputs.q_len]
+            used_q = self._dev(T, np.asarray(inputs.q_len, dtype=np.int32))
+            used_k = self._dev(T, np.asarray(inputs.past_len + inputs.q_len, dtype=np.int32))
+            max_q, max_k = q.shape[1], k.shape[1]
+
+            def call(sink):
+                return func(q, k, v, seqused_q=used_q, seqused_k=used_k, max_seqlen_q=max_q,
+                            max_seqlen_k=max_k, softmax_scale=scale, causal=True,
+                            window_size=window, learnable_sink=sink)
+        else:
+            def call(sink):
+                return func(q, k, v, softmax_scale=scale, causal=True, window_size=window,
+                            learnable_sink=sink)
         sink32 = None
         if inputs.sink is not None:
             sink32 = self._dev(T, inputs.sink).float().contiguous()
@@ -499,8 +608,7 @@ class Fa4(_TorchPeer):
         rejected = []
         for label, sink in attempts:
             def fn(sink=sink):
-                res = func(q, k, v, softmax_scale=scale, causal=True, window_size=window,
-                           learnable_sink=sink)
+                res = call(sink)
                 holder["out"] = res[0] if isinstance(res, (tuple, list)) else res
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
@@ -511,11 +619,16 @@ class Fa4(_TorchPeer):
                     rejected.append(f"learnable_sink {label}: {_short(e, caught)}" if label else _short(e, caught))
                     continue
             variant = f"causal=True, window_size={window}"
+            if ragged:
+                variant = (f"flash_attn_varlen_func, seqused_q / seqused_k (B = {q.shape[0]}), "
+                           f"max_seqlen_k = S_cap = {max_k}, {variant}")
             if label:
                 variant += f", learnable_sink {label} (Hq,)"
+            if ragged:
+                variant += "; padded rows set to 0 on the host"
             if rejected:
                 variant += "; rejected first: " + "; ".join(rejected)
-            return Prepared(fn, output=self._reader(holder, bhsd=False), close=holder.clear,
+            return Prepared(fn, output=self._reader(holder, bhsd=False, q_len=q_len), close=holder.clear,
                             variant=variant)
         raise RuntimeError("fa4: " + "; ".join(rejected))
 
