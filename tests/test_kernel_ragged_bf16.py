@@ -18,6 +18,7 @@ from hipkernel.config import (DEFAULT, HEAD_DIMS, MFMA_CANDIDATES, MMA_DEFAULT, 
                               WGSPAN_CANDIDATES, WMMA_CANDIDATES, KernelConfig)
 from refattn.mutants import by_name
 from tests.fake_backend import RecordingBackend
+from tests.test_build import _require_nvrtc_sm90a
 
 NEW_MUTANTS = ("ragged_max_diag", "padded_row_next_seq", "padding_not_written", "bf16_p_as_fp16")
 PTRS = (0x100, 0x200, 0x300, 0, 0x500)
@@ -303,14 +304,6 @@ def test_every_path_carries_the_new_mutant_macros(name):
 
 # ------------------------------------------------------------------- real compiles (NVRTC)
 
-def _require_nvrtc_sm90a() -> None:
-    try:
-        cuda_be.nvrtc_version()
-    except Exception as e:  # noqa: BLE001
-        pytest.skip(f"NVRTC not usable here: {e}")
-    archs = cuda_be.supported_archs()
-    if archs and 90 not in archs:
-        pytest.skip(f"this NVRTC cannot compile for sm_90 (supports {archs})")
 
 
 def _one_per_path(d: int) -> list[KernelConfig]:
