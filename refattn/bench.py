@@ -175,6 +175,7 @@ from pathlib import Path
 import numpy as np
 
 from refattn.lowp import lowp_of
+from refattn.ragged import PerSequence
 from refattn.timing import (Call, make_timer, measure_ceilings, probe_torch, time_interleaved,
                             timing_result)
 
@@ -244,7 +245,7 @@ class Family:
 
 
 @dataclass(frozen=True)
-class Shape:
+class Shape(PerSequence):
     """One prefill call: ``q (B, Sq, Hq, d)``, ``k, v (B, Hkv, skv, d)``, skv = past_len + Sq.
     A ragged shape (``past_len`` a tuple of B ints, ``q_len`` None or B ints) is named by
     ``label``; its skv is the longest sequence's ``past_len[b] + q_len[b]``."""
@@ -264,18 +265,6 @@ class Shape:
     label: str = ""  # a ragged shape's name ([[ragged]] name)
     dtype: str = "fp16"  # "fp16" | "bf16"
     bf16_within: float | None = None  # a bf16 row's target: at most this times its fp16 row's time
-
-    @property
-    def ragged(self) -> bool:
-        return isinstance(self.past_len, tuple) or self.q_len is not None
-
-    @property
-    def past_lens(self) -> tuple[int, ...]:
-        return self.past_len if isinstance(self.past_len, tuple) else (self.past_len,) * self.B
-
-    @property
-    def q_lens(self) -> tuple[int, ...]:
-        return self.q_len if self.q_len is not None else (self.sq,) * self.B
 
     @property
     def fp16_name(self) -> str:

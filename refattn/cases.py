@@ -106,6 +106,7 @@ from pathlib import Path
 
 from refattn.args import FP32_MAX, FP32_TINY, MAX_ELEMENTS
 from refattn.lowp import lowp_of, round_bf16
+from refattn.ragged import PerSequence
 
 import numpy as np
 
@@ -185,7 +186,7 @@ def _short(x) -> str:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Case:
+class Case(PerSequence):
     """One attention call of the matrix. Construction validates (raises :class:`CaseError`)."""
 
     name: str
@@ -342,22 +343,6 @@ class Case:
         if self.sink == "per_head" and abs(shift) + max(-SINK_LOW, SINK_HIGH) > 65504:
             bad("logit_offset", f"the per-head sinks move with the logits ({shift:g}) and must "
                                 f"stay within the fp16 range the kernel ABI carries them in")
-
-    @property
-    def ragged(self) -> bool:
-        """True when the sequences of the batch have their own lengths (``past_len`` a list,
-        or ``q_len`` given)."""
-        return isinstance(self.past_len, tuple) or self.q_len is not None
-
-    @property
-    def past_lens(self) -> tuple[int, ...]:
-        """Each sequence's ``past_len`` (B entries; all equal in a uniform batch)."""
-        return self.past_len if isinstance(self.past_len, tuple) else (self.past_len,) * self.B
-
-    @property
-    def q_lens(self) -> tuple[int, ...]:
-        """Each sequence's valid query rows (B entries; ``sq`` each unless ``q_len`` is given)."""
-        return self.q_len if self.q_len is not None else (self.sq,) * self.B
 
     @property
     def seq_lens(self) -> tuple[int, ...]:

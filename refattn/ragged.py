@@ -344,3 +344,24 @@ def unpack_kv(packed, seqlens, S_cap: int, fill: float = 0.0) -> np.ndarray:
     for b in range(len(n)):
         out[b, :, :n[b]] = packed[cu[b]:cu[b + 1]].transpose(1, 0, 2)
     return out
+
+
+class PerSequence:
+    """The per-sequence lengths of a batch described by ``B``, ``sq``, ``past_len`` (an int,
+    or a tuple of B ints) and ``q_len`` (None, or a tuple of B ints): the properties that
+    ``refattn.cases.Case`` and ``refattn.bench.Shape`` share."""
+
+    @property
+    def ragged(self) -> bool:
+        """True when the sequences have their own lengths (``past_len`` a tuple, or ``q_len``)."""
+        return isinstance(self.past_len, tuple) or self.q_len is not None
+
+    @property
+    def past_lens(self) -> tuple[int, ...]:
+        """Each sequence's ``past_len`` (B entries; all equal in a uniform batch)."""
+        return self.past_len if isinstance(self.past_len, tuple) else (self.past_len,) * self.B
+
+    @property
+    def q_lens(self) -> tuple[int, ...]:
+        """Each sequence's valid query rows (B entries; ``sq`` each unless ``q_len`` is given)."""
+        return self.q_len if self.q_len is not None else (self.sq,) * self.B
