@@ -289,20 +289,53 @@ def _resolve_lengths(past_len, q_len, *, B: int, Sq: int, S_cap: int):
 def flash_prefill_v3(backend, q, k, v, sink, out, *, B: int, Sq: int, Hq: int, Hkv: int, d: int,
                      S_cap: int, past_len, q_len=None, window: int = -1, sink_mode: str = "none",
                      scale: float | None = None, softcap: float = 0.0, dtype: str = "fp16",
-                     config: KernelConfig | dict | None = None, mutants=frozenset()) -> int:
+                     config: KernelConfig | dict | None = None, mutants=frozenset(),
+                     stream: int | None = None, sync: bool = True,
+                     device_lengths: tuple[int, int] | None = None) -> int:
     """Fused GQA flash prefill on device buffers (``q (B,Sq,Hq,d)``, ``k, v (B,Hkv,S_cap,d)``,
     ``sink (Hq,)`` fp16 or 0, ``out (B,Sq,Hq,d)``; q, k, v, out fp16, or bf16 with
     ``dtype="bf16"``). ``past_len``: an int, or a host integer sequence of shape (B,) (one
     past_len per sequence); ``q_len``: None (Sq rows each) or a host integer sequence (B,) of
     valid rows, ``0 <= q_len[b] <= Sq``, the rest padding that comes back as zeros; the cache
     holds ``S_cap >= max_b(past_len[b] + q_len[b])`` keys. A ragged call uploads the lengths
-    into a small device buffer for the launch and frees it after the synchronize. Returns 0,
-    or -1 when it declines, in which case nothing is launched and ``out`` is untouched."""
+    into a small device buffer for the launch and frees it after the synchronize.
+
+    ``stream``: the runtime stream handle (an int) to launch on; None: the backend's default
+    stream. ``sync=False`` returns once the kernel is enqueued, without a synchronize and
+    without a host copy: the caller orders its use of ``out`` on ``stream``. Such a call
+    cannot upload host lengths (their buffer would be freed under the running kernel), so a
+    ragged one passes them on the device: ``device_lengths = (past_lens, q_lens)``, device
+    pointers of int32 arrays (B,), 0 for one that is uniform, alive until the kernel is done.
+    With them ``past_len`` is an int: the kernel's past_len where ``past_lens`` is 0, else a
+    bound ``>= max_b past_len[b]`` (for the capacity check and the tuning geometry), and
+    ``q_len`` is None. The launch of a geometry (its config, compiled kernel and packed
+    arguments) is prepared at its first call and kept (:class:`PreparedCall`); later calls
+    only patch the pointers and lengths. The first call of a geometry also tunes its config,
+    which times candidates and synchronizes whatever ``sync`` says.
+
+    Returns 0, or -1 when it declines, in which case nothing is launched and ``out`` is
+    untouched."""
     B, Sq, Hq, Hkv, d = (_check_int(n, x, 1) for n, x in
                          (("B", B), ("Sq", Sq), ("Hq", Hq), ("Hkv", Hkv), ("d", d)))
     S_cap = _check_int("S_cap", S_cap, 1)
-    past_len, past_lens, q_lens = _resolve_lengths(past_len, q_len, B=B, Sq=Sq, S_cap=S_cap)
-    ragged = past_lens is not None or q_lens is not None
+    if not isinstance(sync, bool):
+        raise ValueError(f"sync: expected True or False, got {sync!r}")
+    if stream is not None and (isinstance(stream, bool) or not isinstance(stream, numbers.Integral)
+                               or stream < 0):
+        raise ValueError(f"stream: expected None or a stream handle as an int >= 0, got {stream!r}")
+    bound_past = past_len
+    if device_lengths is not None:
+        device_lengths = _check_device_lengths(device_lengths, past_len, q_len, B=B, Sq=Sq,
+                                               S_cap=S_cap)
+        past_len, past_lens, q_lens = (0 if device_lengths[0] else past_len), None, None
+        ragged = any(device_lengths)
+    else:
+        past_len, past_lens, q_lens = _resolve_lengths(past_len, q_len, B=B, Sq=Sq, S_cap=S_cap)
+        ragged = past_lens is not None or q_lens is not None
+        if ragged and not sync:
+            raise ValueError("sync: a ragged call with host lengths uploads them into a buffer "
+                             "freed after its synchronize; with sync=False pass them as "
+                             "device_lengths=(past_lens, q_lens), int32 device arrays")
     if Hq % Hkv:
         raise ValueError(f"Hkv: Hq={Hq} is not a multiple of Hkv={Hkv}")
     if not isinstance(window, numbers.Integral) or window == 0 or window < -1:
@@ -322,7 +355,8 @@ def flash_prefill_v3(backend, q, k, v, sink, out, *, B: int, Sq: int, Hq: int, H
     for name, ptr in (("q", q), ("k", k), ("v", v), ("out", out)) + ((("sink", sink),) if sink else ()):
         if int(ptr) % 16:  # every global access of the kernel is 16 bytes wide
             raise ValueError(f"{name}: device pointer {int(ptr):#x} is not 16-byte aligned")
-    _check_int32_sizes(Sq=Sq, Hq=Hq, S_cap=S_cap, past_len=past_len + Sq, window=window)
+    _check_int32_sizes(Sq=Sq, Hq=Hq, S_cap=S_cap, window=window,
+                       past_len=(bound_past if device_lengths else past_len) + Sq)
     config = _check_config(config)
     mutants = _check_mutants(mutants)
 
@@ -334,25 +368,19 @@ def flash_prefill_v3(backend, q, k, v, sink, out, *, B: int, Sq: int, Hq: int, H
         raise ValueError(f"config: {config.name} copies its K/V tiles with TMA, whose tensor maps "
                          f"bound every sequence by one key count; a ragged call (past_len or "
                          f"q_len per sequence) needs a config without TMA")
-    from hipkernel.backends import KernelArgs  # backends only once a launch is needed
 
     def prepare(cfg: KernelConfig, mode: int, kv=(k, v, S_cap, past_len), lens=(0, 0)):
-        """A zero-argument launcher of ``cfg`` (on the cache ``kv`` = (k, v, S_cap,
-        past_len), with the length arrays ``lens`` = (past_lens, q_lens), 0 for uniform):
-        compiled and its arguments packed once."""
+        """A :class:`PreparedCall` of ``cfg`` on the cache ``kv`` = (k, v, S_cap, past_len),
+        with the length arrays ``lens`` = (past_lens, q_lens), 0 for uniform; calling it
+        launches once."""
         kb, vb, cap, past = kv
-        kern = backend.compile(kernel_source(cfg.path), kernel_defines(d, cfg, mutants, dtype), KERNEL_NAME)
-        args = KernelArgs(kernel_args(backend, cfg, q=q, k=kb, v=vb, sink=sink, out=out, B=B, Sq=Sq,
-                                      Hq=Hq, Hkv=Hkv, d=d, S_cap=cap, past_len=past, window=window,
-                                      sink_mode=mode, scale=scale, past_lens=lens[0], q_lens=lens[1],
-                                      mutants=mutants))
-        grid, block = cfg.grid(Sq, Hq, B), (cfg.threads, 1, 1)
-        smem = cfg.dynamic_smem_bytes(d)
-        return lambda: backend.launch(kern, grid, block, args, smem)
+        return PreparedCall(backend, cfg, q=q, k=kb, v=vb, sink=sink, out=out, B=B, Sq=Sq, Hq=Hq,
+                            Hkv=Hkv, d=d, S_cap=cap, past_len=past, window=window, sink_mode=mode,
+                            scale=scale, lens=lens, dtype=dtype, mutants=mutants)
 
-    lens_buf, lens = None, (0, 0)
+    lens_buf, lens = None, (device_lengths or (0, 0))
     try:
-        if ragged:  # one int32 buffer: past_lens, then q_lens (each only where per sequence)
+        if ragged and device_lengths is None:  # one int32 buffer: past_lens, then q_lens
             parts = [x for x in (past_lens, q_lens) if x is not None]
             host = np.concatenate(parts).astype(np.int32)
             lens_buf = backend.alloc(host.nbytes)
@@ -367,7 +395,9 @@ def flash_prefill_v3(backend, q, k, v, sink, out, *, B: int, Sq: int, Hq: int, H
             # its longest sequence's keys (past_len = that length - Sq, at least 0), without
             # the length arrays; its candidates leave out the configs that copy with TMA.
             tune_past = past_len
-            if ragged:
+            if ragged and device_lengths is not None:  # lengths unseen: the caller's bound
+                tune_past = bound_past
+            elif ragged:
                 ends = ((np.full(B, past_len) if past_lens is None else past_lens)
                         + (Sq if q_lens is None else q_lens))
                 tune_past = max(0, int(ends.max()) - Sq)
@@ -381,12 +411,127 @@ def flash_prefill_v3(backend, q, k, v, sink, out, *, B: int, Sq: int, Hq: int, H
                 # and leaving it out keeps tuned configs comparable with the no-sink case.
                 config = TUNER.choose(key, lambda cfg: tune_times_ms(backend, prepare(cfg, 0, kv.get())),
                                       candidates=cands, default=default)
-        prepare(config, _SINK_MODES[sink_mode], lens=lens)()
-        backend.synchronize()
+        plan_key = (backend, config, B, Sq, Hq, Hkv, d, S_cap, window, sink_mode, float(scale),
+                    dtype, mutants, bool(lens[0]), bool(lens[1]))
+        call = PLANS.get(plan_key)
+        if call is None:
+            call = PLANS.put(plan_key, prepare(config, _SINK_MODES[sink_mode], lens=lens))
+        call(q=q, k=k, v=v, sink=sink, out=out, past_len=past_len, lens=lens, stream=stream)
+        if sync:
+            backend.synchronize()
     finally:
         if lens_buf is not None:
             backend.free(lens_buf)
     return 0
+
+
+def _check_device_lengths(lengths, past_len, q_len, *, B: int, Sq: int, S_cap: int):
+    """``device_lengths`` of a call as ``(past_lens, q_lens)`` ints, with ``past_len`` an int
+    bound and ``q_len`` None (see :func:`flash_prefill_v3`); ValueError naming the argument."""
+    if (not isinstance(lengths, (tuple, list)) or len(lengths) != 2
+            or any(isinstance(x, bool) or not isinstance(x, numbers.Integral) or x < 0
+                   for x in lengths)):
+        raise ValueError(f"device_lengths: expected (past_lens, q_lens), two device pointers "
+                         f"(ints, 0 for uniform), got {lengths!r}")
+    if q_len is not None:
+        raise ValueError("q_len: with device_lengths the valid rows are on the device "
+                         "(device_lengths[1]); q_len must be None")
+    if not isinstance(past_len, numbers.Integral) or isinstance(past_len, bool) or past_len < 0:
+        raise ValueError(f"past_len: with device_lengths expected an int >= 0 (the kernel's "
+                         f"past_len, or a bound on every past_len[b]), got {past_len!r}")
+    for name, ptr in zip(("past_lens", "q_lens"), lengths):
+        if int(ptr) % 4:
+            raise ValueError(f"device_lengths: {name} pointer {int(ptr):#x} is not 4-byte aligned")
+    if S_cap < past_len + Sq:
+        raise ValueError(f"S_cap: cache capacity {S_cap} < past_len + Sq = {past_len + Sq}")
+    return int(lengths[0]), int(lengths[1])
+
+
+class PreparedCall:
+    """:func:`flash_prefill_v3`'s launch of one geometry and config, prepared once: the
+    kernel compiled and loaded, its launch geometry checked, its argument array packed
+    (``Backend.prepare``). A call patches the arguments that change between calls of a
+    geometry, the five buffers, ``past_len`` and the two length arrays (each only when it
+    changed), re-encodes the tensor maps of a config that copies with TMA when the cache or
+    its key count changed, and enqueues the kernel on ``stream``."""
+
+    # positions in the kernel ABI's argument list (kernel_args)
+    _BUFFERS = (0, 1, 2, 3, 4)  # q, k, v, sink, out
+    _PAST_LEN, _PAST_LENS, _Q_LENS, _MAPS = 9, 13, 14, 15
+
+    def __init__(self, backend, config: KernelConfig, *, q, k, v, sink, out, B: int, Sq: int,
+                 Hq: int, Hkv: int, d: int, S_cap: int, past_len: int, window: int,
+                 sink_mode: int, scale: float, lens=(0, 0), dtype: str = "fp16",
+                 mutants=frozenset()):
+        from hipkernel.backends import KernelArgs  # backends only once a launch is needed
+
+        self.backend, self.config, self.mutants = backend, config, mutants
+        self.geometry = dict(B=B, Hkv=Hkv, d=d, S_cap=S_cap, Sq=Sq)
+        self.sink_mode = sink_mode
+        kern = backend.compile(kernel_source(config.path), kernel_defines(d, config, mutants, dtype),
+                               KERNEL_NAME)
+        self.args = KernelArgs(kernel_args(
+            backend, config, q=q, k=k, v=v, sink=sink, out=out, B=B, Sq=Sq, Hq=Hq, Hkv=Hkv, d=d,
+            S_cap=S_cap, past_len=past_len, window=window, sink_mode=sink_mode, scale=scale,
+            past_lens=lens[0], q_lens=lens[1], mutants=mutants))
+        self._last = [int(q), int(k), int(v), int(sink) if sink_mode == 1 else 0, int(out),
+                      past_len, int(lens[0]), int(lens[1])]
+        self._maps_for = (int(k), int(v), past_len)
+        self.launch = backend.prepare(kern, config.grid(Sq, Hq, B), (config.threads, 1, 1),
+                                      self.args, config.dynamic_smem_bytes(d))
+
+    def __call__(self, *, q=None, k=None, v=None, sink=None, out=None, past_len=None,
+                 lens=None, stream: int | None = None) -> None:
+        """Launch once; every argument left None keeps the value of the previous launch."""
+        if q is not None:
+            sink = (sink if self.sink_mode == 1 else 0) if sink is not None else None
+            new = (q, k, v, sink, out, past_len) + (tuple(lens) if lens is not None else (None, None))
+            slots = self._BUFFERS + (self._PAST_LEN, self._PAST_LENS, self._Q_LENS)
+            last = self._last
+            for j, (slot, x) in enumerate(zip(slots, new)):
+                if x is not None and int(x) != last[j]:
+                    self.args.set(slot, x)
+                    last[j] = int(x)
+            if self.config.tma and (last[1], last[2], last[5]) != self._maps_for:
+                maps = kv_tensor_maps(self.backend, self.config, k=last[1], v=last[2],
+                                      B=self.geometry["B"], Hkv=self.geometry["Hkv"],
+                                      d=self.geometry["d"], S_cap=self.geometry["S_cap"],
+                                      skv=last[5] + self.geometry["Sq"], mutants=self.mutants)
+                for j, (_, blob) in enumerate(maps):
+                    self.args.set(self._MAPS + j, blob)
+                self._maps_for = (last[1], last[2], last[5])
+        self.launch(stream)
+
+
+class PlanCache:
+    """The :class:`PreparedCall` of each geometry seen lately, least recently used first out
+    past ``size`` entries (a prepared call holds only host memory and a loaded kernel the
+    backend caches anyway)."""
+
+    def __init__(self, size: int = 256):
+        self.size = size
+        self._plans: dict = {}
+
+    def get(self, key):
+        plan = self._plans.pop(key, None)
+        if plan is not None:
+            self._plans[key] = plan  # most recently used last
+        return plan
+
+    def put(self, key, plan):
+        self._plans[key] = plan
+        while len(self._plans) > self.size:
+            self._plans.pop(next(iter(self._plans)))
+        return plan
+
+    def clear(self) -> None:
+        self._plans.clear()
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+
+PLANS = PlanCache()
 
 
 # The autotuner's timer. A pair of events around one launch also times the host's cost of

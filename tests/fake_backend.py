@@ -54,11 +54,17 @@ class RecordingBackend:
         self.calls.append(("dtoh", ptr))
         arr[...] = np.frombuffer(bytes(self._mem[ptr]), dtype=arr.dtype).reshape(arr.shape)
 
-    def launch(self, kernel, grid, block, args, shared_mem=0):
+    def launch(self, kernel, grid, block, args, shared_mem=0, stream=None):
         rec = dict(kernel=kernel, grid=grid, block=block, args=[val for _, val in args],
-                   shared_mem=shared_mem, tuning=self._timing)
+                   shared_mem=shared_mem, tuning=self._timing, stream=stream)
         self.launches.append(rec)
         self.calls.append(("launch", rec))
+
+    def prepare(self, kernel, grid, block, args, shared_mem=0):
+        """A launch of ``args`` as they are when it is called (``KernelArgs.set`` changes
+        them in place), recorded like :meth:`launch`; ``self.prepares`` counts them."""
+        self.prepares = getattr(self, "prepares", 0) + 1
+        return lambda stream=None: self.launch(kernel, grid, block, args, shared_mem, stream)
 
     def tensor_map(self, ptr, dims, strides, box):
         """The map's parameters as 16 little-endian uint64 (ptr, 3 dims, 2 strides, 3 box

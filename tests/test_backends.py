@@ -42,6 +42,7 @@ class HostBackend(Backend):
         super().__init__(cache)
         self.compile_calls = []
         self.launches = []
+        self.streams = []  # the stream of each launch (None: the default stream)
         self.opt_ins = []  # (function, bytes) of each dynamic shared memory opt-in
         self.shared_per_block = 227 * 1024
         self.reject_binaries = set(reject_binaries)
@@ -65,8 +66,9 @@ class HostBackend(Backend):
     def _get_function(self, module, kernel_name):
         return (module["binary"], kernel_name)
 
-    def _launch(self, function, grid, block, shared_mem, params_address):
+    def _launch(self, function, grid, block, shared_mem, params_address, stream=None):
         self.launches.append((function, grid, block, shared_mem, params_address))
+        self.streams.append(stream)
         self.clock += 1.5  # each launch "takes" 1.5 ms
 
     def _allow_dynamic_shared(self, function, nbytes, static):

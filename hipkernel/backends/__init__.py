@@ -256,6 +256,19 @@ class KernelArgs:
         self._ptrs = (ctypes.c_void_p * max(n, 1))(*[ctypes.addressof(v) for v in self.values])
         self.address = ctypes.addressof(self._ptrs) if n else 0
 
+    def set(self, i: int, value) -> None:
+        """Replace argument ``i``'s value in place, checked against its declared type as at
+        construction: the ``void**`` array keeps pointing at the same slot, so a launch
+        prepared once (:meth:`Backend.prepare`) takes new buffers without repacking."""
+        ctype = self.pairs[i][0]
+        packed = _pack(i, ctype, value)
+        if ctype is TensorMap:
+            ctypes.memmove(ctypes.addressof(self.values[i]), ctypes.addressof(packed),
+                           TENSOR_MAP_BYTES)
+        else:
+            self.values[i].value = packed.value
+        self.pairs[i] = (ctype, value)
+
     def __len__(self) -> int:
         return len(self.values)
 
@@ -266,6 +279,25 @@ class KernelArgs:
 
 
 # --------------------------------------------------------------------------- device objects
+
+class PreparedLaunch:
+    """A kernel launch checked and packed once (``Backend.prepare``): calling it enqueues
+    the kernel on ``stream`` (a runtime stream handle as an int, None for the backend's
+    default stream) with one runtime call, no checks and no packing, which is what a
+    per-call host cost of microseconds needs. ``args`` is the :class:`KernelArgs` it
+    passes; ``args.set(i, value)`` changes argument ``i`` of every later launch."""
+
+    __slots__ = ("backend", "kernel", "grid", "block", "shared_mem", "args", "_enqueue")
+
+    def __init__(self, backend, kernel, grid, block, shared_mem: int, args: KernelArgs):
+        self.backend, self.kernel, self.grid, self.block = backend, kernel, grid, block
+        self.shared_mem, self.args = shared_mem, args
+        self._enqueue = backend._launch
+
+    def __call__(self, stream: int | None = None) -> None:
+        self._enqueue(self.kernel.function, self.grid, self.block, self.shared_mem,
+                      self.args.address, stream)
+
 
 class DevicePtr(int):
     """A device allocation: an ``int`` (the device address) that remembers its size and its
@@ -396,7 +428,10 @@ class Backend:
     def _get_function(self, module, kernel_name: str):
         raise NotImplementedError
 
-    def _launch(self, function, grid, block, shared_mem: int, params_address: int) -> None:
+    def _launch(self, function, grid, block, shared_mem: int, params_address: int,
+                stream: int | None = None) -> None:
+        """Enqueue ``function`` on ``stream`` (a runtime handle as an int; None: the
+        backend's default stream)."""
         raise NotImplementedError
 
     def _tensor_map(self, address: int, dims, strides, box) -> bytes:
@@ -540,12 +575,13 @@ class Backend:
             self._memset(addr, byte, nbytes)
 
     # ---- launch + timing ------------------------------------------------------------------
-    def launch(self, kernel: Kernel, grid, block, args, shared_mem: int = 0) -> None:
-        """Launch ``kernel`` on the default stream. ``args``: ``[(ctype, value), ...]`` or a
-        prebuilt :class:`KernelArgs`; ``shared_mem``: bytes of dynamic shared memory (when
-        they and the kernel's static shared memory are over DEFAULT_DYNAMIC_SHARED, the
-        kernel is opted in to them once, before its first such launch). Asynchronous:
-        errors from the kernel itself show at the next ``synchronize()``."""
+    def prepare(self, kernel: Kernel, grid, block, args, shared_mem: int = 0) -> PreparedLaunch:
+        """``kernel`` with its launch geometry and arguments checked and packed once: the
+        returned :class:`PreparedLaunch` enqueues it with one runtime call. ``args``:
+        ``[(ctype, value), ...]`` or a :class:`KernelArgs` (kept, not copied: its
+        :meth:`KernelArgs.set` changes what later launches pass); ``shared_mem``: bytes of
+        dynamic shared memory (when they and the kernel's static shared memory are over
+        DEFAULT_DYNAMIC_SHARED, the kernel is opted in to them here, once)."""
         grid, block = _dims("grid", grid), _dims("block", block)
         if block[0] * block[1] * block[2] > 1024:
             raise ValueError(f"block: {block} has more than 1024 threads")
@@ -557,7 +593,14 @@ class Backend:
         if shared_mem > kernel.shared_mem_allowed:
             self._allow_dynamic_shared(kernel.function, shared_mem, kernel.info.smem or 0)
             kernel.shared_mem_allowed = shared_mem
-        self._launch(kernel.function, grid, block, shared_mem, params.address)
+        return PreparedLaunch(self, kernel, grid, block, shared_mem, params)
+
+    def launch(self, kernel: Kernel, grid, block, args, shared_mem: int = 0,
+               stream: int | None = None) -> None:
+        """Launch ``kernel`` (``prepare``, then one enqueue) on ``stream``: a runtime stream
+        handle as an int (CUstream / hipStream_t), or None for the default stream.
+        Asynchronous: errors from the kernel itself show at the next ``synchronize()``."""
+        self.prepare(kernel, grid, block, args, shared_mem)(stream)
 
     def synchronize(self) -> None:
         self._synchronize()

@@ -271,10 +271,10 @@ class CudaBackend(Backend):
     def _get_function(self, module, kernel_name):
         return _call(driver.cuModuleGetFunction, module, kernel_name.encode())
 
-    def _launch(self, function, grid, block, shared_mem, params_address):
+    def _launch(self, function, grid, block, shared_mem, params_address, stream=None):
         self._bind()
-        _call(driver.cuLaunchKernel, function, *grid, *block, shared_mem, self._stream,
-              params_address, 0)
+        _call(driver.cuLaunchKernel, function, *grid, *block, shared_mem,
+              self._stream if stream is None else driver.CUstream(stream), params_address, 0)
 
     def _tensor_map(self, address, dims, strides, box):
         # fp16, no interleave, the 128-byte swizzle (the wgmma path's layout), L2 lines of 256

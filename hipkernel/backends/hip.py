@@ -396,9 +396,10 @@ class HipBackend(Backend):
     def _get_function(self, module, kernel_name):
         return _call(hip.hipModuleGetFunction, module, kernel_name.encode())
 
-    def _launch(self, function, grid, block, shared_mem, params_address):
+    def _launch(self, function, grid, block, shared_mem, params_address, stream=None):
         self._bind()
-        _call(hip.hipModuleLaunchKernel, function, *grid, *block, shared_mem, self._stream,
+        _call(hip.hipModuleLaunchKernel, function, *grid, *block, shared_mem,
+              self._stream if stream is None else hip.hipStream_t.fromObj(stream),
               params_address, None)
 
     def _allow_dynamic_shared(self, function, nbytes, static):
