@@ -309,12 +309,66 @@ def flash_prefill_v3(backend, q, k, v, sink, out, *, B: int, Sq: int, Hq: int, H
     With them ``past_len`` is an int: the kernel's past_len where ``past_lens`` is 0, else a
     bound ``>= max_b past_len[b]`` (for the capacity check and the tuning geometry), and
     ``q_len`` is None. The launch of a geometry (its config, compiled kernel and packed
-    arguments) is prepared at its first call and kept (:class:`PreparedCall`); later calls
+    arguments) is prepared at its first call and kept (:func:`prepare_call`); later calls
     only patch the pointers and lengths. The first call of a geometry also tunes its config,
     which times candidates and synchronizes whatever ``sync`` says.
 
     Returns 0, or -1 when it declines, in which case nothing is launched and ``out`` is
     untouched."""
+    c = _checked_call(backend, q, k, v, sink, out, B=B, Sq=Sq, Hq=Hq, Hkv=Hkv, d=d, S_cap=S_cap,
+                      past_len=past_len, q_len=q_len, window=window, sink_mode=sink_mode,
+                      scale=scale, softcap=softcap, dtype=dtype, config=config, mutants=mutants,
+                      stream=stream, sync=sync, device_lengths=device_lengths)
+    if c is None:
+        return -1  # decided before any device call: nothing launched, out untouched
+    lens_buf, lens = None, c.lens
+    try:
+        if c.ragged and c.lens == (0, 0):  # one int32 buffer: past_lens, then q_lens
+            parts = [x for x in (c.past_lens, c.q_lens) if x is not None]
+            host = np.concatenate(parts).astype(np.int32)
+            lens_buf = backend.alloc(host.nbytes)
+            backend.htod(lens_buf, host)
+            at = int(lens_buf)
+            lens = (at if c.past_lens is not None else 0,
+                    at + 4 * B * (c.past_lens is not None) if c.q_lens is not None else 0)
+        call = _plan(backend, c, q, k, v, sink, out, lens)
+        call(q=q, k=k, v=v, sink=sink, out=out, past_len=c.past_len, lens=lens, stream=stream)
+        if sync:
+            backend.synchronize()
+    finally:
+        if lens_buf is not None:
+            backend.free(lens_buf)
+    return 0
+
+
+def prepare_call(backend, q, k, v, sink, out, *, B: int, Sq: int, Hq: int, Hkv: int, d: int,
+                 S_cap: int, past_len: int, window: int = -1, sink_mode: str = "none",
+                 scale: float | None = None, softcap: float = 0.0, dtype: str = "fp16",
+                 config: KernelConfig | dict | None = None, mutants=frozenset(),
+                 device_lengths: tuple[int, int] | None = None) -> PreparedCall | None:
+    """The :class:`PreparedCall` that :func:`flash_prefill_v3` with these arguments and
+    ``sync=False`` would launch, checked the same way and tuned at a geometry's first call,
+    without launching it (None where v3 declines). A caller that makes many calls of one
+    geometry (``hipkernel.torch``) keeps it and launches it with new buffers, skipping
+    v3's checks, which cost more host time than a short kernel runs."""
+    c = _checked_call(backend, q, k, v, sink, out, B=B, Sq=Sq, Hq=Hq, Hkv=Hkv, d=d, S_cap=S_cap,
+                      past_len=past_len, q_len=None, window=window, sink_mode=sink_mode,
+                      scale=scale, softcap=softcap, dtype=dtype, config=config, mutants=mutants,
+                      stream=None, sync=False, device_lengths=device_lengths)
+    return None if c is None else _plan(backend, c, q, k, v, sink, out, c.lens)
+
+
+class _Checked:
+    """A v3 call's arguments once checked (``_checked_call``)."""
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+def _checked_call(backend, q, k, v, sink, out, *, B, Sq, Hq, Hkv, d, S_cap, past_len, q_len,
+                  window, sink_mode, scale, softcap, dtype, config, mutants, stream, sync,
+                  device_lengths) -> _Checked | None:
+    """Every check of :func:`flash_prefill_v3`, in its order; None where it declines."""
     B, Sq, Hq, Hkv, d = (_check_int(n, x, 1) for n, x in
                          (("B", B), ("Sq", Sq), ("Hq", Hq), ("Hkv", Hkv), ("d", d)))
     S_cap = _check_int("S_cap", S_cap, 1)
@@ -361,68 +415,65 @@ def flash_prefill_v3(backend, q, k, v, sink, out, *, B: int, Sq: int, Hq: int, H
     mutants = _check_mutants(mutants)
 
     if decline_reason(d=d, softcap=softcap, dtype=dtype) is not None:
-        return -1  # decided before any device call: nothing launched, out untouched
+        return None
     G = Hq // Hkv
     _check_config_for(config, backend.arch, d, G)
     if ragged and config is not None and config.tma:
         raise ValueError(f"config: {config.name} copies its K/V tiles with TMA, whose tensor maps "
                          f"bound every sequence by one key count; a ragged call (past_len or "
                          f"q_len per sequence) needs a config without TMA")
+    return _Checked(B=B, Sq=Sq, Hq=Hq, Hkv=Hkv, d=d, G=G, S_cap=S_cap, past_len=past_len,
+                    past_lens=past_lens, q_lens=q_lens, ragged=ragged, bound_past=bound_past,
+                    lens=device_lengths or (0, 0), device_lengths=device_lengths, window=window,
+                    sink_mode=sink_mode, scale=float(scale), dtype=dtype, config=config,
+                    mutants=mutants)
 
-    def prepare(cfg: KernelConfig, mode: int, kv=(k, v, S_cap, past_len), lens=(0, 0)):
+
+def _plan(backend, c: _Checked, q, k, v, sink, out, lens) -> PreparedCall:
+    """The prepared call of a checked call ``c`` with the length arrays ``lens``: its config
+    (given, or tuned at the geometry's first call), from :data:`PLANS` or prepared there."""
+
+    def prepare(cfg: KernelConfig, mode: int, kv=(k, v, c.S_cap, c.past_len), lens=(0, 0)):
         """A :class:`PreparedCall` of ``cfg`` on the cache ``kv`` = (k, v, S_cap, past_len),
         with the length arrays ``lens`` = (past_lens, q_lens), 0 for uniform; calling it
         launches once."""
         kb, vb, cap, past = kv
-        return PreparedCall(backend, cfg, q=q, k=kb, v=vb, sink=sink, out=out, B=B, Sq=Sq, Hq=Hq,
-                            Hkv=Hkv, d=d, S_cap=cap, past_len=past, window=window, sink_mode=mode,
-                            scale=scale, lens=lens, dtype=dtype, mutants=mutants)
+        return PreparedCall(backend, cfg, q=q, k=kb, v=vb, sink=sink, out=out, B=c.B, Sq=c.Sq,
+                            Hq=c.Hq, Hkv=c.Hkv, d=c.d, S_cap=cap, past_len=past, window=c.window,
+                            sink_mode=mode, scale=c.scale, lens=lens, dtype=c.dtype,
+                            mutants=c.mutants)
 
-    lens_buf, lens = None, (device_lengths or (0, 0))
-    try:
-        if ragged and device_lengths is None:  # one int32 buffer: past_lens, then q_lens
-            parts = [x for x in (past_lens, q_lens) if x is not None]
-            host = np.concatenate(parts).astype(np.int32)
-            lens_buf = backend.alloc(host.nbytes)
-            backend.htod(lens_buf, host)
-            at = int(lens_buf)
-            lens = (at if past_lens is not None else 0,
-                    at + 4 * B * (past_lens is not None) if q_lens is not None else 0)
-        if config is None:
-            key = tune_key(d=d, sq=Sq, Hq=Hq, G=G, window=window, dtype=dtype, arch=backend.arch,
-                           ragged=ragged)
-            # A ragged call is timed as the uniform call of its geometry: Sq rows on a cache of
-            # its longest sequence's keys (past_len = that length - Sq, at least 0), without
-            # the length arrays; its candidates leave out the configs that copy with TMA.
-            tune_past = past_len
-            if ragged and device_lengths is not None:  # lengths unseen: the caller's bound
-                tune_past = bound_past
-            elif ragged:
-                ends = ((np.full(B, past_len) if past_lens is None else past_lens)
-                        + (Sq if q_lens is None else q_lens))
-                tune_past = max(0, int(ends.max()) - Sq)
-            cands = candidates(backend.arch, d, G, window)
-            default = default_config(backend.arch)
-            if ragged:
-                cands = tuple(c for c in cands if not c.tma)
-            with TuningCache(backend, k, v, B=B, Hkv=Hkv, d=d, Sq=Sq, S_cap=S_cap,
-                             past_len=tune_past) as kv:
-                # Tuning launches omit the sink: one FMA per row cannot reorder the candidates,
-                # and leaving it out keeps tuned configs comparable with the no-sink case.
-                config = TUNER.choose(key, lambda cfg: tune_times_ms(backend, prepare(cfg, 0, kv.get())),
-                                      candidates=cands, default=default)
-        plan_key = (backend, config, B, Sq, Hq, Hkv, d, S_cap, window, sink_mode, float(scale),
-                    dtype, mutants, bool(lens[0]), bool(lens[1]))
-        call = PLANS.get(plan_key)
-        if call is None:
-            call = PLANS.put(plan_key, prepare(config, _SINK_MODES[sink_mode], lens=lens))
-        call(q=q, k=k, v=v, sink=sink, out=out, past_len=past_len, lens=lens, stream=stream)
-        if sync:
-            backend.synchronize()
-    finally:
-        if lens_buf is not None:
-            backend.free(lens_buf)
-    return 0
+    config = c.config
+    if config is None:
+        key = tune_key(d=c.d, sq=c.Sq, Hq=c.Hq, G=c.G, window=c.window, dtype=c.dtype,
+                       arch=backend.arch, ragged=c.ragged)
+        # A ragged call is timed as the uniform call of its geometry: Sq rows on a cache of
+        # its longest sequence's keys (past_len = that length - Sq, at least 0), without
+        # the length arrays; its candidates leave out the configs that copy with TMA. With
+        # the lengths on the device, the caller's bound stands in for the longest.
+        tune_past = c.past_len
+        if c.ragged and c.device_lengths is not None:
+            tune_past = c.bound_past
+        elif c.ragged:
+            ends = ((np.full(c.B, c.past_len) if c.past_lens is None else c.past_lens)
+                    + (c.Sq if c.q_lens is None else c.q_lens))
+            tune_past = max(0, int(ends.max()) - c.Sq)
+        cands = candidates(backend.arch, c.d, c.G, c.window)
+        default = default_config(backend.arch)
+        if c.ragged:
+            cands = tuple(x for x in cands if not x.tma)
+        with TuningCache(backend, k, v, B=c.B, Hkv=c.Hkv, d=c.d, Sq=c.Sq, S_cap=c.S_cap,
+                         past_len=tune_past) as kv:
+            # Tuning launches omit the sink: one FMA per row cannot reorder the candidates,
+            # and leaving it out keeps tuned configs comparable with the no-sink case.
+            config = TUNER.choose(key, lambda cfg: tune_times_ms(backend, prepare(cfg, 0, kv.get())),
+                                  candidates=cands, default=default)
+    plan_key = (backend, config, c.B, c.Sq, c.Hq, c.Hkv, c.d, c.S_cap, c.window, c.sink_mode,
+                c.scale, c.dtype, c.mutants, bool(lens[0]), bool(lens[1]))
+    call = PLANS.get(plan_key)
+    if call is None:
+        call = PLANS.put(plan_key, prepare(config, _SINK_MODES[c.sink_mode], lens=lens))
+    return call
 
 
 def _check_device_lengths(lengths, past_len, q_len, *, B: int, Sq: int, S_cap: int):

@@ -1,0 +1,202 @@
+"""``hipkernel.torch.attention`` without a GPU: its argument checks, the stream it launches
+on, no synchronize, a geometry prepared once and patched per call, the graph-capture rule,
+ragged lengths, and the custom op's schema and fake implementation. The device side (torch's
+current stream, a captured graph, torch.compile, numerics) runs on a GPU: scripts/torch_check.py."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the torch entry point needs torch (pip install torch)")
+
+from hipkernel import api  # noqa: E402
+from hipkernel import torch as ht  # noqa: E402
+from tests.fake_backend import RecordingBackend  # noqa: E402
+
+STREAM = 0x5000
+
+
+class FakeRuntime:
+    """CPU tensors stand in for CUDA ones; a recording backend stands in for the device."""
+
+    def __init__(self):
+        self.be = RecordingBackend(arch="sm_80")
+        self.capture = False
+        self.uploads = []
+
+    def accepts(self, t):
+        return t.device.type in ("cpu", "meta")
+
+    def backend(self, device):
+        return self.be
+
+    def stream(self, device):
+        return STREAM
+
+    def capturing(self, device):
+        return self.capture
+
+    def upload(self, host, device):
+        self.uploads.append(host.copy())
+        return torch.from_numpy(host.copy())
+
+
+@pytest.fixture
+def rt(monkeypatch):
+    monkeypatch.setenv("HIPKERNEL_TUNE", "0")
+    fake = FakeRuntime()
+    monkeypatch.setattr(ht, "RUNTIME", fake)
+    ht.clear()
+    api.PLANS.clear()
+    yield fake
+    ht.clear()
+    api.PLANS.clear()
+
+
+def _qkv(B=1, Sq=8, Hq=4, Hkv=2, d=64, S_cap=32, dtype=torch.float16):
+    q = torch.randn(B, Sq, Hq, d).to(dtype)
+    k = torch.randn(B, Hkv, S_cap, d).to(dtype)
+    return q, k, torch.randn(B, Hkv, S_cap, d).to(dtype)
+
+
+def _launches(be):
+    return [c[1] for c in be.calls if c[0] == "launch"]
+
+
+def test_a_call_launches_on_the_current_stream_without_a_synchronize(rt):
+    q, k, v = _qkv()
+    out = ht.attention(q, k, v, past_len=4, sink=torch.zeros(4))
+    assert out.shape == q.shape and out.dtype == q.dtype
+    (rec,) = _launches(rt.be)
+    assert rec["stream"] == STREAM
+    assert not any(c[0] in ("synchronize", "dtoh", "htod", "alloc") for c in rt.be.calls)
+    a = rec["args"]
+    assert (a[0], a[1], a[2], a[4]) == (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())
+    assert a[3] != 0 and a[9] == 4 and a[11] == 1  # the sink (fp16 on the device), per head
+
+
+def test_a_geometry_is_prepared_once_then_patched(rt):
+    q, k, v = _qkv()
+    ht.attention(q, k, v, past_len=4)
+    for past in (5, 6, 7):
+        q2 = torch.randn_like(q)
+        out = ht.attention(q2, k, v, past_len=past)
+        assert _launches(rt.be)[-1]["args"][0] == q2.data_ptr()
+        assert _launches(rt.be)[-1]["args"][4] == out.data_ptr()
+        assert _launches(rt.be)[-1]["args"][9] == past
+    assert rt.be.prepares == 1 and len(ht._GEOMETRIES) == 1
+    assert sum(c[0] == "compile" for c in rt.be.calls) == 1
+    ht.attention(q, k, v, past_len=4, window=16)  # another geometry
+    assert rt.be.prepares == 2 and len(ht._GEOMETRIES) == 2
+
+
+def test_out_is_filled_when_given(rt):
+    q, k, v = _qkv(dtype=torch.bfloat16)
+    out = torch.empty_like(q)
+    assert ht.attention(q, k, v, past_len=0, out=out) is out
+    assert _launches(rt.be)[-1]["args"][4] == out.data_ptr()
+    assert _launches(rt.be)[-1]["kernel"].get("HK_BF16") == 1
+
+
+def test_capture_needs_a_call_of_the_geometry_before_it(rt):
+    q, k, v = _qkv()
+    rt.capture = True
+    with pytest.raises(RuntimeError, match="this geometry has not run before"):
+        ht.attention(q, k, v, past_len=4)
+    assert _launches(rt.be) == []
+    rt.capture = False
+    ht.attention(q, k, v, past_len=4)
+    rt.capture = True
+    ht.attention(q, k, v, past_len=9)  # the capture records this launch
+    assert len(_launches(rt.be)) == 2 and _launches(rt.be)[-1]["args"][9] == 9
+    ht.attention(q, k, v, past_len=[5])  # one sequence: its past_len is uniform
+    q, k, v = _qkv(B=2)
+    with pytest.raises(RuntimeError, match="a ragged call copies its host lengths"):
+        ht.attention(q, k, v, past_len=[4, 5])
+    assert len(_launches(rt.be)) == 3 and rt.uploads == []
+
+
+def test_ragged_lengths_are_checked_on_the_host_and_copied_once(rt):
+    q, k, v = _qkv(B=2, S_cap=40)
+    ht.attention(q, k, v, past_len=[3, 30], q_len=[8, 2])
+    (host,) = rt.uploads
+    assert host.dtype == np.int32 and host.tolist() == [3, 30, 8, 2]
+    rec = _launches(rt.be)[-1]
+    assert rec["args"][13] != 0 and rec["args"][14] == rec["args"][13] + 8 and rec["args"][9] == 0
+    ht.attention(q, k, v, past_len=torch.tensor([1, 2]))  # a CPU tensor is host integers
+    assert rt.uploads[-1].tolist() == [1, 2]
+    with pytest.raises(ValueError, match=r"^S_cap: cache capacity 40 < past_len\[b\] \+ q_len\[b\] = 41"):
+        ht.attention(q, k, v, past_len=[3, 33])
+    with pytest.raises(ValueError, match=r"^q_len: expected entries <= Sq = 8"):
+        ht.attention(q, k, v, past_len=0, q_len=[9, 1])
+    with pytest.raises(ValueError, match=r"^past_len: expected shape \(B,\) = \(2,\)"):
+        ht.attention(q, k, v, past_len=[1, 2, 3])
+    with pytest.raises(ValueError, match="^past_len: per-sequence lengths are host integers"):
+        ht.attention(q, k, v, past_len=torch.tensor([1, 2], device="meta"))
+
+
+def test_a_declined_call_raises_before_any_device_call(rt):
+    q, k, v = _qkv(d=96)
+    with pytest.raises(NotImplementedError, match="head dim 96 not compiled"):
+        ht.attention(q, k, v, past_len=4)
+    assert rt.be.calls == []
+
+
+def _bad(rt):
+    q, k, v = _qkv()
+    return [
+        (dict(q=q.float()), ValueError, "^q: expected float16 or bfloat16, got torch.float32"),
+        (dict(k=k.to(torch.bfloat16)), ValueError, "^k: expected q's dtype"),
+        (dict(q=q[0]), ValueError, r"^q: expected 4 dimensions, got shape \(8, 4, 64\)"),
+        (dict(q=np.zeros((1, 8, 4, 64), np.float16)), ValueError, "^q: expected a torch.Tensor"),
+        (dict(v=v[:, :, :16]), ValueError, "^v: expected k's shape"),
+        (dict(k=torch.randn(1, 3, 32, 64).half(), v=torch.randn(1, 3, 32, 64).half()),
+         ValueError, "^k: Hq = 4 query heads are not a multiple of Hkv = 3"),
+        (dict(k=k.transpose(2, 3).contiguous().transpose(2, 3), v=v), ValueError,
+         r"^k: expected a contiguous tensor \(use .contiguous\(\)\)"),
+        (dict(q=torch.empty(q.numel() + 1, dtype=q.dtype)[1:].view(q.shape)), ValueError,
+         r"^q: data_ptr\(\) 0x[0-9a-f]+ is not 16-byte aligned"),
+        (dict(sink=torch.zeros(3)), ValueError, r"^sink: expected a float tensor of shape \(Hq,\) = \(4,\)"),
+        (dict(sink=torch.zeros(4), smooth_softmax=True), ValueError, "^sink: a per-head sink and smooth"),
+        (dict(window=0), ValueError, "^window: expected -1"),
+        (dict(scale=float("nan")), ValueError, "^scale: expected None or a finite float"),
+        (dict(past_len=-1), ValueError, "^past_len: expected an int >= 0"),
+        (dict(past_len=25), ValueError, r"^S_cap: cache capacity 32 < past_len \+ Sq = 33"),
+        (dict(out=torch.empty(1, 8, 4, 32).half()), ValueError, "^out: expected a torch.float16 tensor"),
+        (dict(config={"m_tiles": 3}), ValueError, "^config: "),
+    ]
+
+
+@pytest.mark.parametrize("i", range(16))
+def test_bad_arguments_are_named(rt, i):
+    q, k, v = _qkv()
+    kw, exc, match = _bad(rt)[i]
+    args = dict(q=q, k=k, v=v, past_len=4)
+    args.update(kw)
+    with pytest.raises(exc, match=match):
+        ht.attention(args.pop("q"), args.pop("k"), args.pop("v"), **args)
+    assert _launches(rt.be) == []
+
+
+def test_the_real_runtime_takes_cuda_tensors_only():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="^q: expected a CUDA tensor, got one on cpu"):
+        ht.attention(q, k, v, past_len=4)
+
+
+def test_the_custom_op_has_a_schema_and_a_fake_for_tracing():
+    schema = str(torch.ops.hipkernel.attention.default._schema)
+    assert schema.startswith("hipkernel::attention(Tensor q, Tensor k, Tensor v, Tensor? sink, ")
+    q = torch.empty(2, 8, 4, 64, device="meta", dtype=torch.float16)
+    k = torch.empty(2, 2, 32, 64, device="meta", dtype=torch.float16)
+    res = torch.ops.hipkernel.attention(q, k, k, None, 4, -1, False, -1.0)
+    assert res.device.type == "meta" and res.shape == q.shape and res.dtype == q.dtype
+
+
+def test_under_compilation_the_entry_point_calls_the_op(monkeypatch):
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    q = torch.empty(1, 8, 4, 64, device="meta", dtype=torch.bfloat16)
+    k = torch.empty(1, 2, 32, 64, device="meta", dtype=torch.bfloat16)
+    res = ht.attention(q, k, k, past_len=4, window=8)  # meta tensors reach the fake
+    assert res.device.type == "meta" and res.shape == q.shape
+    with pytest.raises(ValueError, match="under torch.compile takes an int past_len"):
+        ht.attention(q, k, k, past_len=[4])
