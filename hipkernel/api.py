@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hipkernel.autotune import TUNER, tune_key
+from hipkernel.autotune import TUNER, prune_by_model, tune_key
 from hipkernel.config import (DEFAULT, DTYPES, HEAD_DIMS, PATH_NEEDS, KernelConfig, candidates,
                               default_config, runs_path)
 from refattn.args import FP32_MAX, FP32_TINY, check_attention_args
@@ -458,7 +458,7 @@ def _plan(backend, c: _Checked, q, k, v, sink, out, lens) -> PreparedCall:
             ends = ((np.full(c.B, c.past_len) if c.past_lens is None else c.past_lens)
                     + (c.Sq if c.q_lens is None else c.q_lens))
             tune_past = max(0, int(ends.max()) - c.Sq)
-        cands = candidates(backend.arch, c.d, c.G, c.window)
+        cands = prune_by_model(candidates(backend.arch, c.d, c.G, c.window), backend.arch)
         default = default_config(backend.arch)
         if c.ragged:
             cands = tuple(x for x in cands if not x.tma)
@@ -467,7 +467,8 @@ def _plan(backend, c: _Checked, q, k, v, sink, out, lens) -> PreparedCall:
             # Tuning launches omit the sink: one FMA per row cannot reorder the candidates,
             # and leaving it out keeps tuned configs comparable with the no-sink case.
             config = TUNER.choose(key, lambda cfg: tune_times_ms(backend, prepare(cfg, 0, kv.get())),
-                                  candidates=cands, default=default)
+                                  candidates=cands, default=default,
+                                  probe=lambda cfg: tune_probe_ms(backend, prepare(cfg, 0, kv.get())))
     plan_key = (backend, config, c.B, c.Sq, c.Hq, c.Hkv, c.d, c.S_cap, c.window, c.sink_mode,
                 c.scale, c.dtype, c.mutants, bool(lens[0]), bool(lens[1]))
     call = PLANS.get(plan_key)
@@ -596,6 +597,7 @@ TUNE_BURST_MS = 1.0
 TUNE_BURST_MAX = 32
 TUNE_SAMPLES = 5
 TUNE_HOLD_MAX_MS = 200.0  # the cap of the sweep's hold (backends.hold_ms_for)
+TUNE_PROBE_BURST_MS = 0.25  # the probe's one burst (tune_probe_ms)
 
 
 # The KV length the sweep times the candidates at. The cache key leaves skv out (one sweep
@@ -652,11 +654,12 @@ class TuningCache:
         self.bufs = []
 
 
-def tune_burst_length(probe_ms: float) -> int:
-    """Launches per timed burst for a kernel whose one-launch probe took ``probe_ms``."""
+def tune_burst_length(probe_ms: float, burst_ms: float = TUNE_BURST_MS) -> int:
+    """Launches per timed burst of about ``burst_ms`` for a kernel whose one-launch probe
+    took ``probe_ms``."""
     if not probe_ms > 0:  # 0 or NaN from a coarse timer: the longest burst
         return TUNE_BURST_MAX
-    return max(1, min(TUNE_BURST_MAX, math.ceil(TUNE_BURST_MS / probe_ms)))
+    return max(1, min(TUNE_BURST_MAX, math.ceil(burst_ms / probe_ms)))
 
 
 def tune_times_ms(backend, run) -> list[float]:
@@ -681,6 +684,28 @@ def tune_times_ms(backend, run) -> list[float]:
     burst()  # warm, and the host's cost of one burst
     hold_ms = hold_ms_for((time.perf_counter() - t0) * 1e3, TUNE_SAMPLES, TUNE_HOLD_MAX_MS)
     return [t / n for t in backend.time_ms(burst, warmup=0, reps=TUNE_SAMPLES, hold_ms=hold_ms)]
+
+
+def tune_probe_ms(backend, run) -> float:
+    """The sweep's first, short look at a candidate (``Autotuner.choose``'s ``probe``): its
+    per-launch device time from one burst of about :data:`TUNE_PROBE_BURST_MS`, behind a
+    hold where the backend has one (as in :func:`tune_times_ms`, so that a kernel shorter
+    than its host cost is not timed as the host). One launch warms it and sizes the burst."""
+    one = statistics.median(backend.time_ms(run, warmup=1, reps=1))
+    n = tune_burst_length(one, TUNE_PROBE_BURST_MS)
+
+    def burst() -> None:
+        for _ in range(n):
+            run()
+
+    if not callable(getattr(backend, "hold", None)):
+        return backend.time_ms(burst, warmup=0, reps=1)[0] / n
+    from hipkernel.backends import hold_ms_for
+
+    t0 = time.perf_counter()
+    burst()
+    hold_ms = hold_ms_for((time.perf_counter() - t0) * 1e3, 1, TUNE_HOLD_MAX_MS)
+    return backend.time_ms(burst, warmup=0, reps=1, hold_ms=hold_ms)[0] / n
 
 
 def flash_prefill_v2(backend, q, k, v, out, *, B, Sq, Hq, Hkv, d, S_cap, past_len,

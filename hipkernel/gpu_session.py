@@ -57,7 +57,18 @@ def section_matrix(be, out: Path, suites) -> None:
 
     kernel = get_kernel("hipkernel:" + be.name)
     cases = load_suites(suites)
-    m = run_matrix(kernel, cases, progress=_progress)
+    # Tuned unpruned: the record's sweeps then time every candidate in full, the evidence
+    # autotune.prune_by_model is checked against (tests/test_autotune.py).
+    saved = os.environ.get("HIPKERNEL_TUNE")
+    if saved != "0":
+        os.environ["HIPKERNEL_TUNE"] = "full"
+    try:
+        m = run_matrix(kernel, cases, progress=_progress)
+    finally:
+        if saved is None:
+            os.environ.pop("HIPKERNEL_TUNE", None)
+        else:
+            os.environ["HIPKERNEL_TUNE"] = saved
     doc = m.to_json()
     body = {"backend": be.name, "arch": be.arch, "suites": suites,
             "results": doc["results"], "autotune": TUNER.choices(), "elapsed_s": doc.get("elapsed_s")}

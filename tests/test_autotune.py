@@ -4,7 +4,7 @@ window, dtype, arch), never per skv; the window is in the key; tuning launches o
 import pytest
 
 from hipkernel import api
-from hipkernel.autotune import TUNER, Autotuner, tune_key
+from hipkernel.autotune import TUNER, Autotuner, prune_by_model, tune_key
 from hipkernel.config import CANDIDATES, DEFAULT
 from tests.fake_backend import RecordingBackend
 
@@ -35,10 +35,17 @@ def test_chunked_16k_prefill_sweeps_once():
     assert TUNER.sweeps == 1
     tuning = [l for l in be.launches if l["tuning"]]
     real = [l for l in be.launches if not l["tuning"]]
-    # per candidate: one probe launch, then one burst sized from the probe's time
+    # per candidate, the probe: one launch, then one short burst sized from its time; then
+    # only the finalist (the others' probes are 4x its own) is timed in full: one launch, one
+    # burst sized from it
     per_cfg = {c: sum(1 for l in tuning if (l["kernel"]["M_TILES"], l["kernel"]["BKV"]) == (c.m_tiles, c.bkv))
                for c in CANDIDATES}
-    assert per_cfg == {c: 1 + api.tune_burst_length(0.5 if c == fastest else 2.0) for c in CANDIDATES}
+    probe = {c: 1 + api.tune_burst_length(0.5 if c == fastest else 2.0, api.TUNE_PROBE_BURST_MS)
+             for c in CANDIDATES}
+    assert per_cfg == {c: probe[c] + (1 + api.tune_burst_length(0.5) if c == fastest else 0)
+                       for c in CANDIDATES}
+    assert set(TUNER.choices()[0]["times_ms"]) == {fastest.name}
+    assert set(TUNER.choices()[0]["probe_ms"]) == {c.name for c in CANDIDATES}
     assert len(real) == 32
     assert all(l["kernel"]["M_TILES"] == fastest.m_tiles and l["kernel"]["BKV"] == fastest.bkv for l in real)
 
@@ -113,9 +120,10 @@ def test_explicit_config_skips_tuning():
 # ---- candidates per target (hipkernel.config.candidates) -------------------------------
 
 def test_sweep_covers_the_targets_candidates():
-    """On sm_80+ the sweep adds the mma configs, compiled from the mma source, and on sm_90
-    the wgmma tile of the head dim, compiled from the wgmma source; elsewhere only the
-    scalar configs run. The winner of an sm_90 key may be an mma config."""
+    """On sm_80+ the sweep times the mma configs, compiled from the mma source, and on sm_90
+    the wgmma tile of the head dim, compiled from the wgmma source, and not the scalar ones
+    (the model of the work prunes them there); elsewhere only the scalar configs run. The
+    winner of an sm_90 key may be an mma config."""
     from hipkernel.config import (MMA_CANDIDATES, MMA_PACK_CANDIDATES, MMA_WALK_CANDIDATES,
                                   MMA_WIDE_CANDIDATES, WGMMA_BY_HEAD_DIM, candidates)
 
@@ -137,24 +145,29 @@ def test_sweep_covers_the_targets_candidates():
              + len(MMA_WALK_CANDIDATES))  # G = 8, d = 64
     n_cands = len(candidates("sm_90", 64, GEOM["Hq"] // GEOM["Hkv"], -1))  # no window: no wgspan
     assert n_cands == len(CANDIDATES) + n_mma + 1
-    assert len(sources) == n_cands + 1  # one compile per candidate, then the chosen one's
-    assert sources[:n_cands] == ["scalar"] * len(CANDIDATES) + ["mma"] * n_mma + ["wgmma"], sources
+    n_timed = n_cands - len(CANDIDATES)
+    # one compile per candidate probed, one per finalist timed in full, then the chosen one's
+    assert len(sources) == n_timed + len(TUNER.choices()[0]["times_ms"]) + 1
+    assert sources[:n_timed] == ["mma"] * n_mma + ["wgmma"], sources
     assert TUNER.choices()[0]["config"] in {c.name for c in candidates("sm_90")}
-    assert WGMMA_BY_HEAD_DIM[64].name in TUNER.choices()[0]["times_ms"], "wgmma tile not timed"
+    assert WGMMA_BY_HEAD_DIM[64].name in TUNER.choices()[0]["probe_ms"], "wgmma tile not timed"
     # under a window of 128 keys (G = 8, d = 64) the sweep ends with the wgspan tile
     windowed = RecordingBackend(arch="sm_90")
     w_sources = recording(windowed)
     prefill_chunk(windowed, 512, window=128)
-    assert w_sources[:n_cands + 1] == sources[:n_cands] + ["wgspan"], w_sources
-    assert "wgspan_m4_b136_p8_q4" in TUNER.choices()[-1]["times_ms"], "wgspan tile not timed"
+    assert w_sources[:n_timed + 1] == sources[:n_timed] + ["wgspan"], w_sources
+    assert "wgspan_m4_b136_p8_q4" in TUNER.choices()[-1]["probe_ms"], "wgspan tile not timed"
     sm80 = RecordingBackend(arch="sm_80")  # tensor cores, no wgmma
     sm80_sources = recording(sm80)
     prefill_chunk(sm80, 512)
-    assert len(sm80_sources) == len(candidates("sm_80", 64)) + 1 and "wgmma" not in sm80_sources
+    n80 = len(prune_by_model(candidates("sm_80", 64, GEOM["Hq"] // GEOM["Hkv"], -1), "sm_80"))
+    assert len(sm80_sources) == n80 + len(TUNER.choices()[-1]["times_ms"]) + 1
+    assert "wgmma" not in sm80_sources and "scalar" not in sm80_sources
     amd = RecordingBackend(arch="gfx1151")
     amd_sources = recording(amd)
     prefill_chunk(amd, 512)
-    assert amd_sources == ["scalar"] * (len(CANDIDATES) + 1), amd_sources
+    assert amd_sources[:len(CANDIDATES)] == ["scalar"] * len(CANDIDATES), amd_sources
+    assert len(amd_sources) == len(CANDIDATES) + len(TUNER.choices()[-1]["times_ms"]) + 1
 
 
 def test_amd_sweep_adds_the_matrix_core_configs_when_asked(monkeypatch):
@@ -171,7 +184,7 @@ def test_amd_sweep_adds_the_matrix_core_configs_when_asked(monkeypatch):
                  for l in be.launches if l["tuning"]}
         assert tuned == ({(c.m_tiles, c.bkv, None) for c in CANDIDATES}
                          | {(c.m_tiles, c.bkv, wave) for c in cands}), tuned
-        assert set(TUNER.choices()[0]["times_ms"]) == {c.name for c in CANDIDATES + cands}
+        assert set(TUNER.choices()[0]["probe_ms"]) == {c.name for c in CANDIDATES + cands}
 
 
 def test_packed_configs_are_offered_where_G_allows_them():
@@ -340,3 +353,72 @@ def test_scratch_larger_than_the_cap_is_not_allocated():
                          S_cap=16, past_len=0)  # 256 x 64 x 4096 x 128 x 2 bytes = 16 GiB
     assert not [c for c in be.calls if c[0] == "alloc"]
     assert {l["args"][1] for l in be.launches} == {0x200}
+
+
+# ---- the sweep's pruning ---------------------------------------------------------------
+
+def test_prune_by_model_drops_the_scalar_path_where_tensor_cores_run(monkeypatch):
+    from hipkernel.config import candidates
+
+    for arch in ("sm_80", "sm_90"):
+        full = candidates(arch, 64, 8, -1)
+        pruned = prune_by_model(full, arch)
+        assert pruned == tuple(c for c in full if c.path != "scalar") and pruned
+    for arch in ("gfx1151", "gfx942", "sm_75"):  # no NVIDIA tensor cores: nothing to compare
+        assert prune_by_model(candidates(arch, 64, 8, -1), arch) == candidates(arch, 64, 8, -1)
+    assert prune_by_model(CANDIDATES, "sm_90") == CANDIDATES  # scalar only: kept
+    monkeypatch.setenv("HIPKERNEL_TUNE", "full")
+    assert prune_by_model(candidates("sm_90", 64, 8, -1), "sm_90") == candidates("sm_90", 64, 8, -1)
+
+
+def test_the_h200_sweeps_bear_out_the_model():
+    """Every sweep of the committed H200 matrix record (tuned with HIPKERNEL_TUNE=full, every
+    candidate timed) has a tensor-core winner, and its fastest scalar config took at least 3x
+    the winner's time: the margin by which prune_by_model may leave the scalar path out."""
+    import json
+    from pathlib import Path
+
+    rec = json.loads((Path(__file__).parents[1] / "reports/gpu/h200.json").read_text())
+    sweeps = rec["autotune"]
+    assert len(sweeps) >= 20
+    scalar = {c.name for c in CANDIDATES}
+    for s in sweeps:
+        times = s["times_ms"]
+        assert scalar <= set(times), f"{s}: not a full sweep (the record must be tuned unpruned)"
+        assert s["config"] not in scalar
+        best = min(times.values())
+        assert min(times[n] for n in scalar) >= 3.0 * best, s
+
+
+def test_probe_narrows_the_full_timing_to_the_fastest_probes():
+    from hipkernel.autotune import PROBE_KEEP, PROBE_MAX
+    from hipkernel.config import KernelConfig
+
+    cfgs = [KernelConfig(m, b) for m in (1, 2, 4) for b in (32, 64)]
+    probes = dict(zip(cfgs, (1.0, 1.1, 1.2, 1.3, 2.0, 1.24)))
+    measured = []
+    t = Autotuner(cfgs)
+
+    def measure(c):
+        measured.append(c)
+        return [3.0 if c == cfgs[2] else 4.0]  # the full timing may reorder the finalists
+
+    best = t.choose(("k",), measure, probe=lambda c: probes[c])
+    kept = [c for c in cfgs if probes[c] <= PROBE_KEEP * 1.0][:PROBE_MAX]
+    assert sorted(measured, key=cfgs.index) == sorted(kept, key=cfgs.index) == [cfgs[0], cfgs[1], cfgs[2], cfgs[5]]
+    assert best == cfgs[2]
+    (row,) = t.choices()
+    assert set(row["probe_ms"]) == {c.name for c in cfgs} and set(row["times_ms"]) == {c.name for c in kept}
+    one = Autotuner(cfgs[:1])  # a single candidate is not probed
+    assert one.choose(("k",), lambda c: 1.0, probe=lambda c: pytest.fail("probed")) == cfgs[0]
+
+
+def test_full_mode_times_every_candidate(monkeypatch):
+    monkeypatch.setenv("HIPKERNEL_TUNE", "full")
+    be = RecordingBackend(arch="sm_90")
+    prefill_chunk(be, 512)
+    (row,) = TUNER.choices()
+    from hipkernel.config import candidates
+
+    assert row["probe_ms"] == {}
+    assert set(row["times_ms"]) == {c.name for c in candidates("sm_90", 64, 8, -1)}

@@ -1223,8 +1223,8 @@ def _ragged_bf16_model_backend():
             bits = np.frombuffer(self._mem[ptr], dtype=np.uint16).reshape(shape)
             return (bits.astype(np.uint32) << 16).view(np.float32)
 
-        def launch(self, kernel, grid, block, args, shared_mem=0):
-            RecordingBackend.launch(self, kernel, grid, block, args, shared_mem)
+        def launch(self, kernel, grid, block, args, shared_mem=0, stream=None):
+            RecordingBackend.launch(self, kernel, grid, block, args, shared_mem, stream)
             q, k, v, sink, out, Sq, Hq, Hkv, S_cap, past, window, mode, scale, plens, qlens = \
                 [x for _, x in args][:15]
             d, B, bf16 = kernel["HEAD_DIM"], grid[2], bool(kernel.get("HK_BF16"))

@@ -69,8 +69,8 @@ class ModelBackend(RecordingBackend):
         kern["PATH"] = next((p for p in api.KERNEL_FILES if api.kernel_source(p) == source), "?")
         return kern
 
-    def launch(self, kernel, grid, block, args, shared_mem=0):
-        super().launch(kernel, grid, block, args, shared_mem)
+    def launch(self, kernel, grid, block, args, shared_mem=0, stream=None):
+        super().launch(kernel, grid, block, args, shared_mem, stream)
         # the thirteen of every path (a ws tile's two tensor maps follow: the model's loads
         # keep what they keep, key_kept, as the maps' bounds do)
         q, k, v, sink, out, Sq, Hq, Hkv, S_cap, past, window, mode, scale = [x for _, x in args][:13]
@@ -120,7 +120,7 @@ class NoisyBackend(ModelBackend):
 
 
 class CrashingBackend(ModelBackend):
-    def launch(self, kernel, grid, block, args, shared_mem=0):
+    def launch(self, kernel, grid, block, args, shared_mem=0, stream=None):
         raise RuntimeError("illegal memory access (simulated)")
 
 

@@ -231,6 +231,7 @@ def test_a_ragged_call_tunes_without_tma_under_its_own_key():
     """At d = 128 on sm_90 the uniform tuner offers the TMA tile; a ragged call times every
     other candidate as the uniform call of its geometry (no length pointers, past_len = the
     longest sequence's keys - Sq on the scratch cache) and launches its winner with them."""
+    from hipkernel.autotune import prune_by_model
     from hipkernel.config import candidates
 
     fast = {(8, 128): 0.01}  # the TMA tile would win
@@ -245,7 +246,8 @@ def test_a_ragged_call_tunes_without_tma_under_its_own_key():
     assert final[0]["args"][13] != 0 and final[0]["args"][14] != 0
     ragged_key = tune_key(d=128, sq=24, Hq=8, G=4, window=-1, dtype="fp16", arch="sm_90", ragged=True)
     assert set(TUNER.cache) == {ragged_key}
-    assert set(TUNER.timings[ragged_key]) == {c.name for c in candidates("sm_90", 128, 4, -1) if not c.tma}
+    assert set(TUNER.probes[ragged_key]) == {c.name for c in prune_by_model(candidates("sm_90", 128, 4, -1), "sm_90")
+                                             if not c.tma}
     # a uniform call of the same geometry sweeps its own key, TMA tile included, and takes it
     be = RecordingBackend(arch="sm_90", times=fast)
     assert _v3(be, d=128, past_len=7) == 0
