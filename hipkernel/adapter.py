@@ -23,7 +23,7 @@ every path, which it emulates; for ``hipkernel`` the autotune candidates of the 
 on) and ``source_hash()`` (``hipkernel.api.source_hash()``: the model is the executable
 spec of those sources and is judged with them). ``hipkernel`` also has ``prepare(inputs)`` and
 ``synchronize()``, which ``refattn bench`` times it through: the inputs uploaded once, then
-``api.flash_prefill_v3`` launched on the resident buffers without its closing synchronize.
+the case's ``api.PreparedCall`` launched on the resident buffers without a synchronize.
 """
 
 from __future__ import annotations
@@ -179,16 +179,14 @@ class HipKernel(_FusedKernel):
 
     def prepare(self, inputs):
         """The inputs uploaded once into device buffers (the cache with its spare capacity,
-        the output buffer with the canary bytes), and a :class:`refattn.timing.Prepared` that
-        launches ``api.flash_prefill_v3`` on them without its closing synchronize
-        (``hipkernel.timing.NoSync``), for ``refattn bench``. The first launch is made here,
-        with the synchronize: it autotunes (untimed) and shows a decline as a ValueError.
-        ``output()`` reads the output back, ``close()`` frees the buffers, ``variant`` is
-        the config the launches run."""
+        the output buffer with the canary bytes, a ragged case's lengths), and a
+        :class:`refattn.timing.Prepared` that launches the case's ``api.PreparedCall`` on
+        them, without a synchronize, for ``refattn bench``. The first launch is made here
+        through ``api.flash_prefill_v3``, with its synchronize: it autotunes (untimed) and
+        shows a decline as a ValueError. ``output()`` reads the output back, ``close()``
+        frees the buffers, ``variant`` is the config the launches run."""
         import numpy as np
 
-        from hipkernel.autotune import TUNER, tune_key
-        from hipkernel.timing import NoSync
         from refattn.timing import Prepared
 
         q, k, v = inputs.q, inputs.k, inputs.v
@@ -218,22 +216,38 @@ class HipKernel(_FusedKernel):
                 bufs["sink"] = be.alloc(sink16.nbytes)
                 be.htod(bufs["sink"], sink16)
             config = self._config_for(inputs)
-            kw = dict(B=B, Sq=Sq, Hq=Hq, Hkv=Hkv, d=d, S_cap=S_cap, past_len=inputs.past_len,
-                      q_len=inputs.q_len, window=inputs.window, sink_mode=sink_mode,
-                      scale=inputs.scale, softcap=inputs.softcap or 0.0, dtype=dtype,
-                      config=config, mutants=self.active)
+            kw = dict(B=B, Sq=Sq, Hq=Hq, Hkv=Hkv, d=d, S_cap=S_cap, window=inputs.window,
+                      sink_mode=sink_mode, scale=inputs.scale, softcap=inputs.softcap or 0.0,
+                      dtype=dtype, config=config, mutants=self.active)
             args = (bufs["q"], bufs["k"], bufs["v"], bufs.get("sink", 0), bufs["out"])
-            status = api.flash_prefill_v3(be, *args, **kw)  # autotunes; synchronizes
+            status = api.flash_prefill_v3(be, *args, past_len=inputs.past_len, q_len=inputs.q_len,
+                                          **kw)  # autotunes; synchronizes
             if status != 0:
                 raise ValueError(f"{self.name}: declines this case (status {status})")
+            # the timed launches: the lengths resident too, no synchronize, no checks
+            past, past_lens, q_lens = api._resolve_lengths(inputs.past_len, inputs.q_len, B=B,
+                                                           Sq=Sq, S_cap=S_cap)
+            lens = (0, 0)
+            if past_lens is not None or q_lens is not None:
+                host = np.concatenate([x for x in (past_lens, q_lens) if x is not None]).astype(np.int32)
+                bufs["lens"] = be.alloc(host.nbytes)
+                be.htod(bufs["lens"], host)
+                at = int(bufs["lens"])
+                lens = (at if past_lens is not None else 0,
+                        at + 4 * B * (past_lens is not None) if q_lens is not None else 0)
+                if past_lens is not None:
+                    past = int(past_lens.max())
+            call = api.prepare_call(be, *args, past_len=past,
+                                    device_lengths=lens if any(lens) else None, **kw)
         except BaseException:
             for ptr in bufs.values():
                 be.free(ptr)
             raise
-        nosync = NoSync(be)
+        ptrs = dict(zip(("q", "k", "v", "sink", "out"), args))
+        abi_past = 0 if lens[0] else past
 
         def launch():
-            api.flash_prefill_v3(nosync, *args, **kw)
+            call(**ptrs, past_len=abi_past, lens=lens)
 
         def output():
             out = np.empty(q.shape, dtype=np.float16 if dtype == "fp16" else np.uint16)
@@ -245,13 +259,7 @@ class HipKernel(_FusedKernel):
                 be.free(ptr)
             bufs.clear()
 
-        if config is not None:
-            variant = config.name
-        else:
-            cfg = TUNER.cache.get(tune_key(d=d, sq=Sq, Hq=Hq, G=Hq // Hkv, window=inputs.window,
-                                           dtype=dtype, arch=be.arch, ragged=inputs.ragged))
-            variant = cfg.name if cfg is not None else "default (autotune off)"
-        return Prepared(launch, output=output, close=close, variant=variant)
+        return Prepared(launch, output=output, close=close, variant=call.config.name)
 
     def run(self, inputs):
         # The backend is resolved inside api.attention after the host-side decline decision,

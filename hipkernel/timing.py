@@ -20,21 +20,6 @@ from hipkernel import api
 from hipkernel.config import KernelConfig
 
 
-class NoSync:
-    """A backend minus ``synchronize``: ``flash_prefill_v3`` ends every call with one (its
-    output is ready on return), which would put a host round trip inside each timed call.
-    The launches of ``HipKernel.prepare`` go through it; ``HipKernel.synchronize`` waits."""
-
-    def __init__(self, be):
-        self._be = be
-
-    def __getattr__(self, name):
-        return getattr(self._be, name)
-
-    def synchronize(self) -> None:
-        pass
-
-
 def visible_pairs(Sq: int, past_len: int, window: int) -> int:
     """sum over query rows of the number of visible keys (exact, O(1))."""
     total = 0
