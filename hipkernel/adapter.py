@@ -4,6 +4,8 @@
   machines without a GPU and the executable spec the HIP kernel follows.
 * ``hipkernel``: the HIP kernel on the first GPU backend that works; ``hipkernel:cuda`` and
   ``hipkernel:hip`` force one.
+* ``hipkernel-torch``: the same kernel through its PyTorch entry point
+  (``hipkernel.torch.attention``) on CUDA tensors.
 
 Either may be forced to one tile config for every case with ``@CONFIG`` (a
 ``KernelConfig.name``: ``hipkernel:hip@wmma_m4_b64``, ``model@mma_m4_b32_p8_q4``): no
@@ -279,3 +281,81 @@ def _bf16_bits(x):
     import numpy as np
 
     return (np.ascontiguousarray(x, dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+class TorchEntryKernel(_FusedKernel):
+    """``hipkernel.torch.attention`` on CUDA tensors (``hipkernel-torch``): the kernel
+    through its torch entry point, on torch's current stream, so that the case matrix checks
+    what a PyTorch caller gets (the torch-side checks, the prepared launch, the lengths'
+    copy of a ragged case). A case's arrays become CUDA tensors (bf16: exact), its output
+    buffer seeds ``out`` (bf16: NaN bytes), and the result is read back after a
+    synchronize. It implements no mutants (the entry point takes none)."""
+
+    base_name = "hipkernel-torch"
+    requires_gpu = True
+    mutants = frozenset()
+
+    def __init__(self, variant: str | None = None, mutants=frozenset(), config=None):
+        if variant is not None:
+            raise ValueError(f"kernel: hipkernel-torch has no variants (got {variant!r}); it runs "
+                             f"on torch's current CUDA device")
+        super().__init__(None, mutants, config)
+
+    def available(self):
+        try:
+            import torch
+        except Exception as e:  # noqa: BLE001 - the reason is the answer
+            return False, f"torch not importable: {type(e).__name__}: {e}"
+        if not torch.cuda.is_available():
+            return False, f"torch {torch.__version__} sees no CUDA device"
+        try:
+            from hipkernel import torch as ht
+
+            be = ht.RUNTIME.backend(torch.device("cuda", torch.cuda.current_device()))
+        except Exception as e:  # noqa: BLE001
+            return False, f"{type(e).__name__}: {e}"
+        return True, f"torch {torch.__version__} on {be.device_name} ({be.arch}), {be.name} backend"
+
+    def _arch(self) -> str:
+        import torch
+
+        from hipkernel import torch as ht
+
+        return ht.RUNTIME.backend(torch.device("cuda", torch.cuda.current_device())).arch
+
+    def run(self, inputs):
+        import numpy as np
+        import torch
+
+        from hipkernel import torch as ht
+
+        if (api.decline_reason(d=inputs.q.shape[3], softcap=inputs.softcap or 0.0, dtype=inputs.dtype)
+                or self._tma_reason(inputs.ragged)):
+            return -1, inputs.out
+        bf16 = inputs.dtype == "bf16"
+
+        def dev(a):
+            t = torch.from_numpy(np.array(a, copy=True)).to("cuda")
+            return t.to(torch.bfloat16) if bf16 else t
+
+        sink = None
+        if inputs.sink is not None:  # fp16 on the host, with the NumPy level's range check
+            s = np.asarray(inputs.sink, dtype=np.float64)
+            finite = np.isfinite(s)
+            if (np.abs(s[finite]) > np.finfo(np.float16).max).any():
+                raise ValueError("sink: finite logits beyond the fp16 range (|sigma| <= 65504) "
+                                 "would become inf in the kernel's fp16 sink")
+            sink = torch.from_numpy(s.astype(np.float16)).to("cuda")
+        q, k, v = dev(inputs.q), dev(inputs.k), dev(inputs.v)
+        if bf16:
+            out = torch.full_like(q, float("nan"))
+        else:
+            out = torch.from_numpy(np.array(inputs.out, copy=True)).to("cuda")
+        ht.attention(q, k, v, past_len=inputs.past_len, q_len=inputs.q_len, window=inputs.window,
+                     sink=sink, smooth_softmax=bool(inputs.smooth_softmax), scale=inputs.scale,
+                     out=out, config=self._config_for(inputs))
+        torch.cuda.synchronize()
+        if bf16:
+            return 0, out.float().cpu().numpy()
+        inputs.out[...] = out.cpu().numpy()
+        return 0, inputs.out

@@ -17,6 +17,9 @@ time-out loses nothing):
 * ``measure`` -> ``measure-h200.json``: per-call device time of window=128 at past_len 512,
   8192 and 15872 (should be flat), full attention at 512@8192, and cold vs warm wall time
   of a chunked 16k prefill (32 chunks of 512) through ``hipkernel.attention``.
+* ``torch`` -> ``torch-h200.json``: ``python -m hipkernel.torch_bench``, the torch entry point:
+  the case matrix through it, its stream, graph-capture and torch.compile checks, its host
+  overhead per call and a chunked 16k prefill against its kernels' sum and cold against warm.
 
 Records carry the kernel source hash (``hipkernel.record``); copy them to reports/gpu/.
 """
@@ -155,7 +158,20 @@ def section_bench(be, out: Path) -> None:
                            f"record is written unless it says otherwise): {' '.join(cmd)}")
 
 
-SECTIONS = ("matrix", "mutants", "measure", "reliability", "bench")
+def section_torch(be, out: Path, suites) -> None:
+    """``python -m hipkernel.torch_bench`` in a process of its own, for the reason the bench
+    has one (torch imported where no GPU runtime was initialised before it)."""
+    import subprocess
+
+    cmd = [sys.executable, "-m", "hipkernel.torch_bench", "--out", str(out),
+           "--suites", ",".join(s for s in suites if s not in ("contracts", "coverage"))]
+    rc = subprocess.run(cmd).returncode
+    if rc != 0:
+        raise RuntimeError(f"torch_bench exited {rc} (a failed case or check exits 1; the record "
+                           f"is written unless it says otherwise): {' '.join(cmd)}")
+
+
+SECTIONS = ("matrix", "mutants", "measure", "torch", "reliability", "bench")
 
 
 def main(argv=None) -> int:
@@ -189,6 +205,8 @@ def main(argv=None) -> int:
             elif name == "reliability":
                 section_reliability(be, args.out, args.mutant_suites.split(","), args.fuzz_n,
                                     args.sanitizer_logs)
+            elif name == "torch":
+                section_torch(be, args.out, args.suites.split(","))
             elif name == "bench":
                 section_bench(be, args.out)
             else:

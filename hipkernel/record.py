@@ -12,7 +12,8 @@ Record kinds (field ``kind``): ``matrix`` (case matrix: per-case outcome, relL2,
 time, autotune choices), ``mutants`` (GPU kill matrix), ``measure`` (timings the issues ask
 to record), ``bench`` (peer benchmark), ``reliability`` (determinism, sanitizer, fuzzing),
 ``mma_check`` (kill matrices with each tensor-core config forced, and their kernel-only
-times), ``scaling`` (the GPU tests on one GPU and on two).
+times), ``torch`` (the torch entry point: its case matrix, stream, graph and compile checks,
+host path timings), ``scaling`` (the GPU tests on one GPU and on two).
 
 Every kind but ``scaling`` must be a run of the kernel source as it is: those records say
 what this kernel does on the GPU. A ``scaling`` record says how the test harness spreads over
@@ -201,7 +202,8 @@ def _read_dir(path: Path):
 # Where each record of reports/gpu/ comes from. Both H200 scripts run the matrix, measure and
 # bench sections; the reliability run's (the later, behind the sanitizers) are kept.
 FROM_RECORDS = ("mutants-h200.json",)
-FROM_RELIABILITY = ("h200.json", "measure-h200.json", "bench-h200.json", "reliability-h200.json")
+FROM_RELIABILITY = ("h200.json", "measure-h200.json", "torch-h200.json", "bench-h200.json",
+                    "reliability-h200.json")
 SCALING_RECORD = "scaling-h200x2.json"
 MMA_CHECK_RECORD = "mma-check-h200.json"
 MMA_CHECK_COMMAND = ("GPUS=2 OUT=dir bash scripts/hipkernel_records.sh (GPU 1: python3 "

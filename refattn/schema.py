@@ -155,6 +155,8 @@ GPU_KINDS = {  # what each kind adds to GPU_RECORD
     "matrix": {"results": [RESULT]},
     "mutants": {"mutants": [MUTANT], "clean_ok": Opt(bool)},
     "mma_check": {"mutants": Opt(Either(Map(dict), [MUTANT]))},
+    "torch": {"results": [RESULT], "checks": Map({"ok": bool}), "host": Opt([dict]),
+              "chunked_16k": Opt(dict)},
     "measure": {"per_call": Opt([{"ms": Opt(NUM), "tflops": Opt(NUM)}]), "window128_spread": Opt(NUM),
                 "window128_flat_within_10pct": Opt(bool), "chunked_16k": Opt(dict)},
     # refattn.bench's record: per shape, "results" keyed by adapter name, each its role and

@@ -9,9 +9,9 @@
 #                                                                      -> rec/mma_check.json
 #        compute-sanitizer racecheck (GPU 1 of two) and memcheck (GPU 0), each until its
 #          limit, over seed + extended + coverage cheapest first                  -> rel/{race,mem}check.log
-#   3. alone on GPU 0: hipkernel.gpu_session --only $TIMED (default matrix,measure,bench: tunes,
+#   3. alone on GPU 0: hipkernel.gpu_session --only $TIMED (default matrix,measure,torch,bench: tunes,
 #      then times), then --only reliability with the two logs         -> rel/
-#      (TIMED=matrix,measure leaves the bench to a run of its own:
+#      (TIMED=matrix,measure,torch leaves the bench to a run of its own:
 #       python3 -m hipkernel.gpu_session --out rel --only bench, its record joining rel/)
 #   4. rec/ and rel/ packed into one file, $OUT/records.tgz
 # On one H200 the whole run takes about 420 s (under a 10-minute limit). Then, where the
@@ -36,7 +36,7 @@ LIMIT=${LIMIT:-300}            # each untimed part of step 2
 RACE_LIMIT=${RACE_LIMIT:-240}
 MEM_LIMIT=${MEM_LIMIT:-240}
 MMA_JOBS=${MMA_JOBS:-8}
-TIMED=${TIMED:-matrix,measure,bench}
+TIMED=${TIMED:-matrix,measure,torch,bench}
 # with two GPUs GPU 1 also times every mma config (the sweep), after its kill matrices
 MMA_SECTIONS=$([ "$GPUS" = 2 ] && echo mutants,sweep || echo mutants)
 t0=$(date +%s)

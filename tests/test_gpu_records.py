@@ -161,6 +161,7 @@ def _device_outputs(tmp_path: Path, *, hash_=None, mutants_ok=True) -> tuple[Pat
             peers_available={"sdpa": {"available": True, "reason": "torch SDPA"}})
     put(rec_dir / "mutants-h200.json", "mutants", mutants=[])
     put(rel_dir / "reliability-h200.json", "reliability")
+    put(rel_dir / "torch-h200.json", "torch", results=[], checks={"stream": {"ok": True}})
     put(tmp_path / "scaling.json", "scaling")
     (rec_dir / "mma_check.json").write_text(json.dumps({
         "kernel_source_hash": h, "sweep": [],
@@ -176,10 +177,11 @@ def test_collect_writes_the_records_of_the_runs(tmp_path):
     out = tmp_path / "gpu"
     written = record.collect(rec_dir, rel_dir, scaling, out)
     assert written == sorted(["h200.json", "measure-h200.json", "bench-h200.json",
-                              "reliability-h200.json", "mutants-h200.json",
+                              "reliability-h200.json", "torch-h200.json", "mutants-h200.json",
                               "scaling-h200x2.json", "mma-check-h200.json"])
     assert record.check_dir(out, require=tuple(written)) == []
-    for name in ("h200.json", "measure-h200.json", "bench-h200.json", "reliability-h200.json"):
+    for name in ("h200.json", "measure-h200.json", "bench-h200.json", "reliability-h200.json",
+                 "torch-h200.json"):
         assert (out / name).read_bytes() == (rel_dir / name).read_bytes(), name
     assert (out / "mutants-h200.json").read_bytes() == (rec_dir / "mutants-h200.json").read_bytes()
     assert (out / "scaling-h200x2.json").read_bytes() == scaling.read_bytes()
@@ -211,7 +213,7 @@ def test_collect_names_the_command_that_made_the_kill_matrices(tmp_path):
 
 
 def test_collect_without_a_scaling_run_keeps_the_committed_one_carried(tmp_path, capsys):
-    """One GPU only: --collect RECORDS RELIABILITY writes the six one-GPU records and leaves
+    """One GPU only: --collect RECORDS RELIABILITY writes the seven one-GPU records and leaves
     the committed scaling record of an earlier kernel as it is; --check names it carried. A
     scaling JSON of an earlier kernel handed to --collect is refused: collected is this run."""
     rec_dir, rel_dir, _ = _device_outputs(tmp_path)
@@ -223,10 +225,10 @@ def test_collect_without_a_scaling_run_keeps_the_committed_one_carried(tmp_path,
     before = (out / "scaling-h200x2.json").read_bytes()
     assert record.main(["--check", str(out), "--collect", str(rec_dir), str(rel_dir)]) == 0
     printed = capsys.readouterr().out
-    assert "GPU records: 6 fresh and passing" in printed and "1 carried and passing" in printed
+    assert "GPU records: 7 fresh and passing" in printed and "1 carried and passing" in printed
     assert "scaling-h200x2.json: carried: a scaling run of kernel source cdcdcdcdcdcd" in printed
     assert (out / "scaling-h200x2.json").read_bytes() == before
-    assert len(list(out.glob("*.json"))) == 7
+    assert len(list(out.glob("*.json"))) == 8
     with pytest.raises(ValueError, match=r"scaling-h200x2\.json: carried: .* not a run of the "
                                          r"current kernel source"):
         record.collect(rec_dir, rel_dir, out / "scaling-h200x2.json", tmp_path / "other")

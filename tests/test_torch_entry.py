@@ -200,3 +200,31 @@ def test_under_compilation_the_entry_point_calls_the_op(monkeypatch):
     assert res.device.type == "meta" and res.shape == q.shape
     with pytest.raises(ValueError, match="under torch.compile takes an int past_len"):
         ht.attention(q, k, k, past_len=[4])
+
+
+def test_the_harness_adapter_of_the_torch_entry_point():
+    from hipkernel.adapter import TorchEntryKernel
+    from refattn.kernels import get_kernel
+
+    k = get_kernel("hipkernel-torch")
+    assert isinstance(k, TorchEntryKernel) and k.name == "hipkernel-torch"
+    assert k.mutants == frozenset() and k.ragged is True and k.requires_gpu
+    ok, why = k.available()
+    if not torch.cuda.is_available():
+        assert not ok and why == f"torch {torch.__version__} sees no CUDA device"
+    with pytest.raises(ValueError, match="^kernel: hipkernel-torch has no variants"):
+        TorchEntryKernel("cuda")
+    with pytest.raises(ValueError, match="^mutants: not in the catalogue: tail_unmasked"):
+        TorchEntryKernel(mutants={"tail_unmasked"})
+    assert k.source_hash() == api.source_hash()
+
+
+def test_the_torch_record_is_written_by_its_own_process_and_checked_by_kind():
+    """gpu_session's torch section runs hipkernel.torch_bench in a subprocess; the record's
+    kind has its schema (results, checks each with ok)."""
+    from hipkernel import gpu_session, record
+    from refattn import schema
+
+    assert "torch" in gpu_session.SECTIONS and "torch-h200.json" in record.FROM_RELIABILITY
+    rec = record.stamp("torch", "NVIDIA H200", {"results": [], "checks": {"graph": {"ok": "yes"}}}, True)
+    assert schema.gpu_record_problems(rec) == ["checks.graph.ok: expected true or false, got a string"]
