@@ -237,9 +237,8 @@ class HipKernel(_FusedKernel):
                 at = int(bufs["lens"])
                 lens = (at if past_lens is not None else 0,
                         at + 4 * B * (past_lens is not None) if q_lens is not None else 0)
-                if past_lens is not None:
-                    past = int(past_lens.max())
-            call = api.prepare_call(be, *args, past_len=past,
+            bound = api.ragged_bound(past, past_lens, q_lens, B=B, Sq=Sq) if lens[0] else past
+            call = api.prepare_call(be, *args, past_len=bound,
                                     device_lengths=lens if any(lens) else None, **kw)
         except BaseException:
             for ptr in bufs.values():

@@ -306,9 +306,10 @@ def flash_prefill_v3(backend, q, k, v, sink, out, *, B: int, Sq: int, Hq: int, H
     cannot upload host lengths (their buffer would be freed under the running kernel), so a
     ragged one passes them on the device: ``device_lengths = (past_lens, q_lens)``, device
     pointers of int32 arrays (B,), 0 for one that is uniform, alive until the kernel is done.
-    With them ``past_len`` is an int: the kernel's past_len where ``past_lens`` is 0, else a
-    bound ``>= max_b past_len[b]`` (for the capacity check and the tuning geometry), and
-    ``q_len`` is None. The launch of a geometry (its config, compiled kernel and packed
+    With them ``past_len`` is an int: the kernel's past_len where ``past_lens`` is 0, else
+    the uniform call's past_len that reaches every key a sequence reads, ``past_len + Sq >=
+    past_len[b] + q_len[b]`` for every b (:func:`ragged_bound`; the capacity check and the
+    tuning geometry use it), and ``q_len`` is None. The launch of a geometry (its config, compiled kernel and packed
     arguments) is prepared at its first call and kept (:func:`prepare_call`); later calls
     only patch the pointers and lengths. The first call of a geometry also tunes its config,
     which times candidates and synchronizes whatever ``sync`` says.
@@ -455,9 +456,7 @@ def _plan(backend, c: _Checked, q, k, v, sink, out, lens) -> PreparedCall:
         if c.ragged and c.device_lengths is not None:
             tune_past = c.bound_past
         elif c.ragged:
-            ends = ((np.full(c.B, c.past_len) if c.past_lens is None else c.past_lens)
-                    + (c.Sq if c.q_lens is None else c.q_lens))
-            tune_past = max(0, int(ends.max()) - c.Sq)
+            tune_past = ragged_bound(c.past_len, c.past_lens, c.q_lens, B=c.B, Sq=c.Sq)
         cands = prune_by_model(candidates(backend.arch, c.d, c.G, c.window), backend.arch)
         default = default_config(backend.arch)
         if c.ragged:
@@ -477,6 +476,16 @@ def _plan(backend, c: _Checked, q, k, v, sink, out, lens) -> PreparedCall:
     return call
 
 
+def ragged_bound(past_len: int, past_lens, q_lens, *, B: int, Sq: int) -> int:
+    """The past_len of the uniform call whose keys reach every key a ragged batch reads:
+    ``max(0, max_b(past_len[b] + q_len[b]) - Sq)``, with ``past_lens`` / ``q_lens`` the
+    per-sequence arrays or None where uniform (``past_len``, ``Sq``). What a ragged call is
+    tuned as, and the ``past_len`` that goes with its ``device_lengths``."""
+    ends = ((np.full(B, past_len, np.int64) if past_lens is None else np.asarray(past_lens, np.int64))
+            + (Sq if q_lens is None else np.asarray(q_lens, np.int64)))
+    return max(0, int(ends.max()) - Sq)
+
+
 def _check_device_lengths(lengths, past_len, q_len, *, B: int, Sq: int, S_cap: int):
     """``device_lengths`` of a call as ``(past_lens, q_lens)`` ints, with ``past_len`` an int
     bound and ``q_len`` None (see :func:`flash_prefill_v3`); ValueError naming the argument."""
@@ -490,7 +499,8 @@ def _check_device_lengths(lengths, past_len, q_len, *, B: int, Sq: int, S_cap: i
                          "(device_lengths[1]); q_len must be None")
     if not isinstance(past_len, numbers.Integral) or isinstance(past_len, bool) or past_len < 0:
         raise ValueError(f"past_len: with device_lengths expected an int >= 0 (the kernel's "
-                         f"past_len, or a bound on every past_len[b]), got {past_len!r}")
+                         f"past_len, or the bound of every sequence's keys, ragged_bound), "
+                         f"got {past_len!r}")
     for name, ptr in zip(("past_lens", "q_lens"), lengths):
         if int(ptr) % 4:
             raise ValueError(f"device_lengths: {name} pointer {int(ptr):#x} is not 4-byte aligned")

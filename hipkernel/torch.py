@@ -231,19 +231,16 @@ def _attention(q, k, v, past_len, q_len, window, sink, smooth_softmax, scale, ou
             raise ValueError(f"past_len: expected an int >= 0 or a host integer sequence of shape "
                              f"(B,), got {past_len!r}")
         past = int(past_len)
+        if q_len is None and past + g.Sq > g.S_cap:
+            raise ValueError(f"S_cap: cache capacity {g.S_cap} < past_len + Sq = {past + g.Sq}")
     else:
-        past_lens = _host_lengths("past_len", past_len, g.B)
-        past = int(past_lens.max())
+        past = past_lens = _host_lengths("past_len", past_len, g.B)
     if q_len is not None:
         q_lens = _host_lengths("q_len", q_len, g.B)
-    if past_lens is not None or q_lens is not None:  # the same checks as the NumPy level
-        past, past_lens, q_lens = api._resolve_lengths(
-            past_lens if past_lens is not None else past, q_lens, B=g.B, Sq=g.Sq, S_cap=g.S_cap)
-        if past_lens is not None:
-            past = int(past_lens.max())
+    if past_lens is not None or q_lens is not None:  # the NumPy level's checks, and its collapse
+        past, past_lens, q_lens = api._resolve_lengths(past, q_lens, B=g.B, Sq=g.Sq, S_cap=g.S_cap)
     ragged = past_lens is not None or q_lens is not None
-    if past + g.Sq > g.S_cap:
-        raise ValueError(f"S_cap: cache capacity {g.S_cap} < past_len + Sq = {past + g.Sq}")
+    bound = api.ragged_bound(past, past_lens, q_lens, B=g.B, Sq=g.Sq) if past_lens is not None else past
     ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
             sink16.data_ptr() if sink16 is not None else 0)
     if (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15:
@@ -265,7 +262,7 @@ def _attention(q, k, v, past_len, q_len, window, sink, smooth_softmax, scale, ou
                                "under CUDA graph capture. Call it once before capturing")
         call = api.prepare_call(
             be, ptrs[0], ptrs[1], ptrs[2], ptrs[4], ptrs[3], B=g.B, Sq=g.Sq, Hq=g.Hq, Hkv=g.Hkv,
-            d=g.d, S_cap=g.S_cap, past_len=past, window=g.window, sink_mode=g.sink_mode,
+            d=g.d, S_cap=g.S_cap, past_len=bound, window=g.window, sink_mode=g.sink_mode,
             scale=g.scale, dtype=g.dtype, config=g.config,
             device_lengths=lens if ragged else None)
         if not ragged:

@@ -170,3 +170,9 @@ def test_plan_cache_drops_the_least_recently_used():
     cache.put("c", 3)
     assert cache.get("b") is None and cache.get("a") == 1 and cache.get("c") == 3
     assert len(cache) == 2
+
+
+def test_ragged_bound_is_the_uniform_call_that_reaches_every_key():
+    assert api.ragged_bound(0, [3, 36], [8, 2], B=2, Sq=8) == 30  # max(11, 38) - 8
+    assert api.ragged_bound(5, None, [1, 0], B=2, Sq=8) == 0  # every row ends before Sq
+    assert api.ragged_bound(0, [3, 10], None, B=2, Sq=8) == 10

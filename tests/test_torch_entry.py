@@ -124,6 +124,10 @@ def test_ragged_lengths_are_checked_on_the_host_and_copied_once(rt):
     assert rec["args"][13] != 0 and rec["args"][14] == rec["args"][13] + 8 and rec["args"][9] == 0
     ht.attention(q, k, v, past_len=torch.tensor([1, 2]))  # a CPU tensor is host integers
     assert rt.uploads[-1].tolist() == [1, 2]
+    # a sequence whose past_len + Sq passes the cache but whose own rows end inside it
+    ht.attention(q, k, v, past_len=[3, 36], q_len=[8, 2])
+    assert rt.uploads[-1].tolist() == [3, 36, 8, 2]
+    assert _launches(rt.be)[-1]["args"][9] == 0
     with pytest.raises(ValueError, match=r"^S_cap: cache capacity 40 < past_len\[b\] \+ q_len\[b\] = 41"):
         ht.attention(q, k, v, past_len=[3, 33])
     with pytest.raises(ValueError, match=r"^q_len: expected entries <= Sq = 8"):
