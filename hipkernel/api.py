@@ -31,6 +31,7 @@ import math
 import numbers
 import re
 import statistics
+import threading
 import time
 from functools import lru_cache
 from pathlib import Path
@@ -515,7 +516,9 @@ class PreparedCall:
     (``Backend.prepare``). A call patches the arguments that change between calls of a
     geometry, the five buffers, ``past_len`` and the two length arrays (each only when it
     changed), re-encodes the tensor maps of a config that copies with TMA when the cache or
-    its key count changed, and enqueues the kernel on ``stream``."""
+    its key count changed, and enqueues the kernel on ``stream``. Patch and enqueue hold a
+    lock: two threads launching one geometry must not interleave their pointers (the
+    runtime copies the arguments at the enqueue, so the lock ends there)."""
 
     # positions in the kernel ABI's argument list (kernel_args)
     _BUFFERS = (0, 1, 2, 3, 4)  # q, k, v, sink, out
@@ -541,10 +544,16 @@ class PreparedCall:
         self._maps_for = (int(k), int(v), past_len)
         self.launch = backend.prepare(kern, config.grid(Sq, Hq, B), (config.threads, 1, 1),
                                       self.args, config.dynamic_smem_bytes(d))
+        self._lock = threading.Lock()
 
     def __call__(self, *, q=None, k=None, v=None, sink=None, out=None, past_len=None,
                  lens=None, stream: int | None = None) -> None:
         """Launch once; every argument left None keeps the value of the previous launch."""
+        with self._lock:
+            self._patch(q, k, v, sink, out, past_len, lens)
+            self.launch(stream)
+
+    def _patch(self, q, k, v, sink, out, past_len, lens) -> None:
         if q is not None:
             sink = (sink if self.sink_mode == 1 else 0) if sink is not None else None
             new = (q, k, v, sink, out, past_len) + (tuple(lens) if lens is not None else (None, None))
@@ -562,7 +571,6 @@ class PreparedCall:
                 for j, (_, blob) in enumerate(maps):
                     self.args.set(self._MAPS + j, blob)
                 self._maps_for = (last[1], last[2], last[5])
-        self.launch(stream)
 
 
 class PlanCache:

@@ -265,6 +265,8 @@ def _attention(q, k, v, past_len, q_len, window, sink, smooth_softmax, scale, ou
             d=g.d, S_cap=g.S_cap, past_len=bound, window=g.window, sink_mode=g.sink_mode,
             scale=g.scale, dtype=g.dtype, config=g.config,
             device_lengths=lens if ragged else None)
+        if call is None:  # _geometry raises first for what the kernel declines
+            raise NotImplementedError("hipkernel declines this call")
         if not ragged:
             g.call = call
     call(q=ptrs[0], k=ptrs[1], v=ptrs[2], sink=ptrs[4], out=ptrs[3],
