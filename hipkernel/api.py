@@ -539,38 +539,40 @@ class PreparedCall:
             backend, config, q=q, k=k, v=v, sink=sink, out=out, B=B, Sq=Sq, Hq=Hq, Hkv=Hkv, d=d,
             S_cap=S_cap, past_len=past_len, window=window, sink_mode=sink_mode, scale=scale,
             past_lens=lens[0], q_lens=lens[1], mutants=mutants))
-        self._last = [int(q), int(k), int(v), int(sink) if sink_mode == 1 else 0, int(out),
-                      past_len, int(lens[0]), int(lens[1])]
+        self._last = (int(q), int(k), int(v), int(sink) if sink_mode == 1 else 0, int(out),
+                      int(past_len), int(lens[0]), int(lens[1]))
         self._maps_for = (int(k), int(v), past_len)
         self.launch = backend.prepare(kern, config.grid(Sq, Hq, B), (config.threads, 1, 1),
                                       self.args, config.dynamic_smem_bytes(d))
         self._lock = threading.Lock()
 
-    def __call__(self, *, q=None, k=None, v=None, sink=None, out=None, past_len=None,
-                 lens=None, stream: int | None = None) -> None:
-        """Launch once; every argument left None keeps the value of the previous launch."""
+    def __call__(self, *, q=None, k=None, v=None, sink=0, out=None, past_len=0, lens=(0, 0),
+                 stream: int | None = None) -> None:
+        """Launch once on ``stream``: with the buffers ``q, k, v, sink, out`` (device
+        addresses; ``sink`` is ignored unless the sink mode is per head), ``past_len`` and
+        ``lens``, or, with ``q`` left None, with the arguments of the previous launch."""
         with self._lock:
-            self._patch(q, k, v, sink, out, past_len, lens)
+            if q is not None:
+                new = (int(q), int(k), int(v), int(sink) if self.sink_mode == 1 else 0, int(out),
+                       int(past_len), int(lens[0]), int(lens[1]))
+                if new != self._last:
+                    self._patch(new)
             self.launch(stream)
 
-    def _patch(self, q, k, v, sink, out, past_len, lens) -> None:
-        if q is not None:
-            sink = (sink if self.sink_mode == 1 else 0) if sink is not None else None
-            new = (q, k, v, sink, out, past_len) + (tuple(lens) if lens is not None else (None, None))
-            slots = self._BUFFERS + (self._PAST_LEN, self._PAST_LENS, self._Q_LENS)
-            last = self._last
-            for j, (slot, x) in enumerate(zip(slots, new)):
-                if x is not None and int(x) != last[j]:
-                    self.args.set(slot, x)
-                    last[j] = int(x)
-            if self.config.tma and (last[1], last[2], last[5]) != self._maps_for:
-                maps = kv_tensor_maps(self.backend, self.config, k=last[1], v=last[2],
-                                      B=self.geometry["B"], Hkv=self.geometry["Hkv"],
-                                      d=self.geometry["d"], S_cap=self.geometry["S_cap"],
-                                      skv=last[5] + self.geometry["Sq"], mutants=self.mutants)
-                for j, (_, blob) in enumerate(maps):
-                    self.args.set(self._MAPS + j, blob)
-                self._maps_for = (last[1], last[2], last[5])
+    def _patch(self, new: tuple) -> None:
+        slots = self._BUFFERS + (self._PAST_LEN, self._PAST_LENS, self._Q_LENS)
+        for slot, x, was in zip(slots, new, self._last):
+            if x != was:
+                self.args.set(slot, x)
+        self._last = new
+        if self.config.tma and (new[1], new[2], new[5]) != self._maps_for:
+            g = self.geometry
+            maps = kv_tensor_maps(self.backend, self.config, k=new[1], v=new[2], B=g["B"],
+                                  Hkv=g["Hkv"], d=g["d"], S_cap=g["S_cap"], skv=new[5] + g["Sq"],
+                                  mutants=self.mutants)
+            for j, (_, blob) in enumerate(maps):
+                self.args.set(self._MAPS + j, blob)
+            self._maps_for = (new[1], new[2], new[5])
 
 
 class PlanCache:

@@ -76,6 +76,14 @@ class CudaRuntime:
     def stream(self, device: torch.device) -> int:
         return torch.cuda.current_stream(device).cuda_stream
 
+    def stream_of(self, index: int) -> int:
+        """:meth:`stream` of the device with this index, by torch's raw-stream query where it
+        has one (a fraction of a microsecond, against a few for a Stream object)."""
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if raw is None:
+            return self.stream(torch.device("cuda", index))
+        return raw(index)
+
     def capturing(self, device: torch.device) -> bool:
         return torch.cuda.is_current_stream_capturing()
 
@@ -117,19 +125,34 @@ class _Geometry:
     """What a call's tensors and options fix, checked once: the key of its prepared call."""
 
     __slots__ = ("key", "B", "Sq", "Hq", "Hkv", "d", "S_cap", "dtype", "sink_mode", "scale",
-                 "window", "config", "device", "call")
+                 "window", "config", "device", "index", "call")
 
 
 _GEOMETRIES: dict[tuple, _Geometry] = {}
 _GEOMETRIES_MAX = 1024
 
 
+def _key(q, k, v, sink, window, smooth_softmax, scale, config):
+    """What fixes a call's prepared launch, from the tensors' shapes, dtypes and devices and
+    the options (each option with its type: ``window=True`` is not ``window=1``); None where
+    it cannot be formed (not tensors, an unhashable option), which the checks then name."""
+    try:
+        return (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.get_device(),
+                k.get_device(), v.get_device(),
+                None if sink is None else (sink.shape, sink.dtype, sink.get_device()),
+                window, type(window), smooth_softmax, type(smooth_softmax), scale,
+                config if config is None or not isinstance(config, dict) else
+                tuple(sorted(config.items())))
+    except (AttributeError, TypeError):
+        return None
+
+
 def _geometry(q, k, v, sink, window, smooth_softmax, scale, config) -> _Geometry:
-    key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
-           None if sink is None else (sink.shape, sink.dtype, sink.device), window,
-           bool(smooth_softmax), scale, config if not isinstance(config, dict) else
-           tuple(sorted(config.items())))
-    g = _GEOMETRIES.get(key)
+    key = _key(q, k, v, sink, window, smooth_softmax, scale, config)
+    try:
+        g = _GEOMETRIES.get(key) if key is not None else None
+    except TypeError:  # an unhashable option: the checks below name it
+        g = key = None
     if g is not None:
         return g
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -177,13 +200,15 @@ def _geometry(q, k, v, sink, window, smooth_softmax, scale, config) -> _Geometry
     g = _Geometry()
     g.key, g.B, g.Sq, g.Hq, g.Hkv, g.d, g.S_cap = key, B, Sq, Hq, Hkv, d, S_cap
     g.dtype, g.window, g.device = dtype, int(window), q.device
+    g.index = q.device.index
     g.sink_mode = "per_head" if sink is not None else "smooth" if smooth_softmax else "none"
     g.scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     g.config = api._check_config(config)
     g.call = None
-    if len(_GEOMETRIES) >= _GEOMETRIES_MAX:
-        _GEOMETRIES.pop(next(iter(_GEOMETRIES)))
-    _GEOMETRIES[key] = g
+    if key is not None:
+        if len(_GEOMETRIES) >= _GEOMETRIES_MAX:
+            _GEOMETRIES.pop(next(iter(_GEOMETRIES)))
+        _GEOMETRIES[key] = g
     return g
 
 
@@ -209,6 +234,19 @@ def _upload_lengths(g: _Geometry, past_lens, q_lens, stream_capturing: bool):
 
 def _attention(q, k, v, past_len, q_len, window, sink, smooth_softmax, scale, out, config):
     g = _geometry(q, k, v, sink, window, smooth_softmax, scale, config)
+    if (g.call is not None and type(past_len) is int and q_len is None and out is None
+            and q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
+            and (sink is None or sink.dtype == torch.float16 and sink.is_contiguous())
+            and 0 <= past_len <= g.S_cap - g.Sq):
+        # a geometry that ran before, the common call: what the slow path below would check
+        # of it holds, so only the pointers remain (their alignment, then the launch)
+        out = torch.empty_like(q)
+        ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                0 if sink is None else sink.data_ptr())
+        if not (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15:
+            g.call(q=ptrs[0], k=ptrs[1], v=ptrs[2], sink=ptrs[4], out=ptrs[3], past_len=past_len,
+                   stream=RUNTIME.stream_of(g.index))
+            return out
     for name, t in (("q", q), ("k", k), ("v", v)):
         _contiguous(name, t)
     if out is None:

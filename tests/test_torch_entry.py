@@ -32,6 +32,9 @@ class FakeRuntime:
     def stream(self, device):
         return STREAM
 
+    def stream_of(self, index):
+        return STREAM
+
     def capturing(self, device):
         return self.capture
 

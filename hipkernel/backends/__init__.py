@@ -261,6 +261,10 @@ class KernelArgs:
         construction: the ``void**`` array keeps pointing at the same slot, so a launch
         prepared once (:meth:`Backend.prepare`) takes new buffers without repacking."""
         ctype = self.pairs[i][0]
+        if ctype is ctypes.c_void_p and type(value) is int and 0 <= value < 2 ** 64:
+            self.values[i].value = value  # the common case, a device address, without a new object
+            self.pairs[i] = (ctype, value)
+            return
         packed = _pack(i, ctype, value)
         if ctype is TensorMap:
             ctypes.memmove(ctypes.addressof(self.values[i]), ctypes.addressof(packed),
