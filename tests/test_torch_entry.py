@@ -235,3 +235,58 @@ def test_the_torch_record_is_written_by_its_own_process_and_checked_by_kind():
     assert "torch" in gpu_session.SECTIONS and "torch-h200.json" in record.FROM_RELIABILITY
     rec = record.stamp("torch", "NVIDIA H200", {"results": [], "checks": {"graph": {"ok": "yes"}}}, True)
     assert schema.gpu_record_problems(rec) == ["checks.graph.ok: expected true or false, got a string"]
+
+
+def _outcome(rt, fn):
+    """What a call did: the exception it raised, or the arguments of its launch with the
+    output pointer left out and the sink and length pointers as whether they are set (the
+    output, a sink converted to fp16 and the lengths are new tensors each call)."""
+    n = len(_launches(rt.be))
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the outcome is what is compared
+        return (type(e).__name__, str(e).split(" 0x")[0])
+    (rec,) = _launches(rt.be)[n:]
+    return tuple(bool(a) if i in (3, 13, 14) else a for i, a in enumerate(rec["args"]) if i != 4) + (
+        rec["stream"], rec["grid"])
+
+
+def test_a_warm_call_does_what_a_cold_one_does(rt):
+    """The fast path of a geometry that ran before skips the full checks: every call here,
+    valid or not, must come out the same (the same launch, or the same error) warm as cold."""
+    q, k, v = _qkv(S_cap=40)
+    sink16, sink32 = torch.zeros(4).half(), torch.zeros(4)
+    strided = torch.randn(1, 4, 8, 64).half().transpose(1, 2)  # q's shape, not contiguous
+    offset = torch.empty(q.numel() + 8, dtype=q.dtype)[8:].view(q.shape)  # 16-byte aligned
+    misaligned = torch.empty(q.numel() + 1, dtype=q.dtype)[1:].view(q.shape)
+    variants = {
+        "plain": lambda: ht.attention(q, k, v, past_len=4),
+        "past at the end": lambda: ht.attention(q, k, v, past_len=32),
+        "past past the end": lambda: ht.attention(q, k, v, past_len=33),
+        "past negative": lambda: ht.attention(q, k, v, past_len=-1),
+        "past numpy int": lambda: ht.attention(q, k, v, past_len=np.int64(4)),
+        "past bool": lambda: ht.attention(q, k, v, past_len=True),
+        "past float": lambda: ht.attention(q, k, v, past_len=4.0),
+        "q_len": lambda: ht.attention(q, k, v, past_len=4, q_len=[5]),
+        "fp16 sink": lambda: ht.attention(q, k, v, past_len=4, sink=sink16),
+        "fp32 sink": lambda: ht.attention(q, k, v, past_len=4, sink=sink32),
+        "strided q": lambda: ht.attention(strided, k, v, past_len=4),
+        "offset q": lambda: ht.attention(offset, k, v, past_len=4),
+        "misaligned q": lambda: ht.attention(misaligned, k, v, past_len=4),
+        "window True": lambda: ht.attention(q, k, v, past_len=4, window=True),
+        "window 1": lambda: ht.attention(q, k, v, past_len=4, window=1),
+        "smooth 1": lambda: ht.attention(q, k, v, past_len=4, smooth_softmax=1),
+        "out given": lambda: ht.attention(q, k, v, past_len=4, out=torch.empty_like(q)),
+        "out strided": lambda: ht.attention(q, k, v, past_len=4, out=torch.empty_like(strided)),
+    }
+    cold = {}
+    for name, fn in variants.items():
+        ht.clear()
+        api.PLANS.clear()
+        cold[name] = _outcome(rt, fn)
+    for name, fn in variants.items():  # every geometry warm now: each call twice
+        warm = [_outcome(rt, fn), _outcome(rt, fn)]
+        assert warm == [cold[name]] * 2, name
+    assert cold["past past the end"][0] == "ValueError" and cold["past bool"][0] == "ValueError"
+    assert cold["window True"][0] == "ValueError" and cold["smooth 1"][0] == "ValueError"
+    assert cold["misaligned q"][0] == "ValueError" and cold["strided q"][0] == "ValueError"
