@@ -177,6 +177,15 @@ _GPU_KIND_READ = {
     "mutants": _KILL_READ,
     "measure": {"per_call": schema.Opt([{"sq": schema.Opt(int), "past_len": schema.Opt(int),
                                          "window": schema.Opt(int), "sink": schema.Opt(str)}])},
+    "torch": {"host": schema.Opt([{"sq": schema.Opt(int), "past_len": schema.Opt(int),
+                                   "window": schema.Opt(int), "kernel_ms": schema.Opt(schema.NUM),
+                                   "burst_ms_per_call": schema.Opt(schema.NUM),
+                                   "host_overhead_us": schema.Opt(schema.NUM),
+                                   "target_us": schema.Opt(schema.NUM), "hit": schema.Opt(bool)}]),
+              "chunked_16k": schema.Opt({"warm_over_kernels": schema.Opt(schema.NUM),
+                                         "cold_over_warm": schema.Opt(schema.NUM),
+                                         "target_over_kernels": schema.Opt(schema.NUM),
+                                         "target_cold_over_warm": schema.Opt(schema.NUM)})},
 }
 
 
@@ -380,6 +389,22 @@ def _measure_entry(source: str, rec: dict) -> dict:
             "chunked_16k": rec.get("chunked_16k")}
 
 
+def _host_entry(source: str, rec: dict) -> dict:
+    """A torch-entry record (kind ``torch``, ``hipkernel.torch_bench``): its checks and its
+    host-path timings."""
+    rows = [{"sq": r.get("sq"), "past_len": r.get("past_len"), "window": r.get("window"),
+             "kernel_ms": _num(r.get("kernel_ms")), "burst_ms": _num(r.get("burst_ms_per_call")),
+             "overhead_us": _num(r.get("host_overhead_us")), "target_us": _num(r.get("target_us")),
+             "hit": r.get("hit")}
+            for r in rec.get("host") or [] if isinstance(r, dict)]
+    ch = rec.get("chunked_16k") or {}
+    return {"source": source, "device": rec.get("device"),
+            "checks": {str(k): bool(v.get("ok")) for k, v in (rec.get("checks") or {}).items()},
+            "host": rows,
+            "chunked": {k: _num(ch.get(k)) for k in ("warm_over_kernels", "target_over_kernels",
+                                                     "cold_over_warm", "target_cold_over_warm")}}
+
+
 def _first(d: dict, keys):
     for k in keys:
         if k in d:
@@ -483,7 +508,7 @@ def build(col: Collected, *, params: dict | None = None) -> dict:
     ``(kernel, suite, case) -> case as data`` for re-running the heatmap case."""
     params = {} if params is None else params
     _HASHES.clear()
-    cases, kill, gpu, measure, bench = [], [], [], [], []
+    cases, kill, gpu, measure, bench, host = [], [], [], [], [], []
     for source, doc in col.runs:
         cases += _case_rows(doc, str(doc.get("kernel") or Path(source).stem[4:]), source, "run", params)
     for source, doc in col.kill:
@@ -502,6 +527,9 @@ def build(col: Collected, *, params: dict | None = None) -> dict:
             measure.append(_measure_entry(source, rec))
         elif kind == "bench":
             bench.append(_bench_entry(source, rec))
+        elif kind == "torch":  # the torch entry point's own case matrix, and its host path
+            cases += _case_rows(rec, _gpu_kernel(rec, source), source, "gpu-record", params)
+            host.append(_host_entry(source, rec))
     missing, absent = list(col.missing), list(col.absent)
     if col.gpu and not measure:
         absent.append("GPU measure record: none (per-call time vs past_len not available)")
@@ -516,7 +544,7 @@ def build(col: Collected, *, params: dict | None = None) -> dict:
                    "unreadable": [{"file": f, "why": w} for f, w in col.unreadable]},
         "sources": sources, "checks": checks,
         "cases": cases, "kill_matrices": kill, "gpu_records": gpu, "measure": measure,
-        "bench": bench,
+        "bench": bench, "host_path": host,
     }
 
 
@@ -900,6 +928,25 @@ def render_markdown(doc: dict, plots: dict) -> str:
         if m["window_spread"] is not None:
             L += ["", f"Windowed per-call time spread over past_len: {m['window_spread']:.3f}x "
                       f"({'flat' if m['window_flat'] else 'NOT flat'} within 10 %)."]
+        L.append("")
+
+    for h in doc.get("host_path") or []:
+        L += [f"## Host path of the torch entry point ({h['device']}, `{h['source']}`)", "",
+              "checks: " + (", ".join(f"{k} {'ok' if ok else '**FAILED**'}"
+                                      for k, ok in h["checks"].items()) or "none"), ""]
+        L += _table(["sq", "past_len", "window", "kernel", "burst / call", "overhead", "target"],
+                    [[r["sq"], r["past_len"], "full" if r["window"] in (None, -1) else r["window"],
+                      _ms(r["kernel_ms"]), _ms(r["burst_ms"]),
+                      "-" if r["overhead_us"] is None else f"{r['overhead_us']:.1f} us",
+                      "-" if r["target_us"] is None else
+                      f"<= {r['target_us']:g} us: {'hit' if r['hit'] else '**miss**'}"]
+                     for r in h["host"]])
+        c = h["chunked"]
+        if c["warm_over_kernels"] is not None:
+            L += ["", f"Chunked 16k prefill: {c['warm_over_kernels']:.3f}x the sum of its kernels "
+                      f"(target {c['target_over_kernels'] or '-'}), cold "
+                      f"{'-' if c['cold_over_warm'] is None else format(c['cold_over_warm'], '.3f')}x "
+                      f"warm (target {c['target_cold_over_warm'] or '-'})."]
         L.append("")
 
     for b in doc["bench"]:

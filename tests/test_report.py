@@ -420,3 +420,37 @@ def test_report_is_a_refattn_subcommand(capsys):
     out = capsys.readouterr().out
     for option in ("--in", "--out", "--baseline", "--check", "--update-baseline", "exit status"):
         assert option in out
+
+
+def test_a_torch_entry_record_adds_its_cases_and_its_host_path(inputs_dir, tmp_path, capsys, no_matplotlib):
+    """hipkernel.torch_bench's record (kind torch): its case matrix joins the cases under its
+    own kernel label, and its checks and host-path timings get a section."""
+    from hipkernel import record
+
+    d = tmp_path / "reports"
+    shutil.copytree(inputs_dir, d)
+    matrix = json.loads((d / "gpu" / "h200.json").read_text())
+    host = [{"sq": 512, "past_len": 8192, "window": 128, "sink": "per_head", "kernel_ms": 0.0124,
+             "burst_ms_per_call": 0.0131, "host_overhead_us": 0.7, "host_enqueue_us": 9.0,
+             "target_us": 10.0, "hit": True},
+            {"sq": 1, "past_len": 8192, "window": -1, "sink": "per_head", "kernel_ms": 0.004,
+             "burst_ms_per_call": 0.0168, "host_overhead_us": 12.8, "host_enqueue_us": 16.0,
+             "target_us": 10.0, "hit": False}]
+    body = {"backend": "cuda", "results": matrix["results"],
+            "checks": {"stream": {"ok": True}, "graph": {"ok": True}, "compile": {"ok": False}},
+            "host": host, "chunked_16k": {"warm_over_kernels": 1.08, "target_over_kernels": 1.15,
+                                          "cold_over_warm": 1.3, "target_cold_over_warm": 1.1}}
+    _write(d / "gpu" / "torch-h200.json", record.stamp("torch", FIXTURE_DEVICE, body, False,
+                                                        kernel="hipkernel-torch"))
+    rc, out, doc = _report(capsys, d)
+    assert "hipkernel-torch:cuda@torch-h200" in {r["kernel"] for r in doc["cases"]}
+    (h,) = doc["host_path"]
+    assert h["checks"] == {"stream": True, "graph": True, "compile": False}
+    assert [r["overhead_us"] for r in h["host"]] == [0.7, 12.8]
+    md = (d / "out" / "latest.md").read_text()
+    assert "checks: stream ok, graph ok, compile **FAILED**" in md
+    assert "| 512 | 8192 | 128 | 0.0124 ms | 0.0131 ms | 0.7 us | <= 10 us: hit |" in md
+    assert "| 1 | 8192 | full | 0.004 ms | 0.0168 ms | 12.8 us | <= 10 us: **miss** |" in md
+    assert "Chunked 16k prefill: 1.080x the sum of its kernels (target 1.15), cold 1.300x warm (target 1.1)." in md
+    g = next(g for g in doc["gpu_records"] if g["file"] == "gpu/torch-h200.json")
+    assert g["ok"] is False and g["freshness"] == "fresh"
