@@ -3,7 +3,10 @@ choice (autotune) and dispatch to a GPU backend.
 
 Two levels:
 
-* :func:`flash_prefill_v3` works on device buffers and returns 0 (computed) or -1 (declined).
+* :func:`flash_prefill_v3` works on device buffers and returns 0 (computed) or -1 (declined),
+  on a given stream and, with ``sync=False``, without a synchronize. :func:`prepare_call` is
+  its first half: the checked, tuned and packed launch of a geometry (:class:`PreparedCall`),
+  which a caller of many calls (``hipkernel.torch``) launches itself.
   :func:`flash_prefill_v2` is the pre-sink signature: v3 with no sink and no window.
 * :func:`attention` takes NumPy arrays shaped like ``refattn.attention`` and returns
   ``(status, out)``.

@@ -411,6 +411,26 @@ def test_launch_checks_geometry_and_passes_packed_args(host):
             host.launch(kern, bad_grid, bad_block, [])
 
 
+def test_a_prepared_launch_enqueues_on_its_stream_with_the_patched_arguments(host):
+    """Backend.prepare checks and packs once; the PreparedLaunch enqueues with one runtime
+    call on the stream it is given (None: the backend's default), passing the argument
+    array whose slots KernelArgs.set changed in place."""
+    kern = host.compile(SRC, {}, "k")
+    args = backends.KernelArgs([(ctypes.c_void_p, 0x100), (ctypes.c_int32, 9)])
+    launch = host.prepare(kern, (3, 2), 128, args, shared_mem=64 * 1024)
+    assert host.launches == [] and host.opt_ins == [(kern.function, 64 * 1024, 128)]
+    launch()
+    args.set(0, 0x200)
+    launch(0xABC0)
+    assert host.streams == [None, 0xABC0]
+    assert [x[4] for x in host.launches] == [args.address] * 2  # the one packed array
+    assert ctypes.c_void_p.from_address(ctypes.cast(args.address, ctypes.POINTER(ctypes.c_void_p))[0]).value == 0x200
+    host.launch(kern, 1, 32, [], stream=0xDEF0)
+    assert host.streams[-1] == 0xDEF0
+    with pytest.raises(ValueError, match="^block: "):
+        host.prepare(kern, 1, 2048, [])
+
+
 def test_launch_opts_a_kernel_in_to_dynamic_shared_memory_once(host):
     """Up to 48 KiB (DEFAULT_DYNAMIC_SHARED) of static plus dynamic shared memory a launch
     passes its dynamic part as is; above, the kernel is opted in first, once per new high:
