@@ -319,7 +319,9 @@ def attention(q, k, v, *, past_len, q_len=None, window: int = -1, sink=None,
               smooth_softmax: bool = False, scale: float | None = None, out=None, config=None):
     """Fused GQA flash prefill on CUDA tensors (module docstring): ``q (B,Sq,Hq,d)``,
     ``k, v (B,Hkv,S_cap,d)`` contiguous float16 or bfloat16 on one device, ``sink (Hq,)``
-    a float tensor on that device (per-head sink logits) or None, ``smooth_softmax`` the
+    a float tensor on that device (per-head sink logits; the kernel's sink is fp16, so
+    another dtype is rounded to fp16 on the device, where a finite logit beyond +-65504
+    becomes +-inf: checking that would take a synchronize) or None, ``smooth_softmax`` the
     fixed zero-logit sink, ``window`` -1 or W >= 1 (ORT's sliding window), ``past_len``
     an int or a host integer sequence (B,), ``q_len`` None or a host integer sequence
     (B,) of valid rows (padded rows come back as zeros). Returns ``out`` (given: filled;
