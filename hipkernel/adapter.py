@@ -315,6 +315,11 @@ class TorchEntryKernel(_FusedKernel):
             return False, f"{type(e).__name__}: {e}"
         return True, f"torch {torch.__version__} on {be.device_name} ({be.arch}), {be.name} backend"
 
+    def source_hash(self) -> str:
+        """The kernel's and the launch code's hash with the torch entry point on top
+        (``api.torch_source_hash``)."""
+        return api.torch_source_hash()
+
     def _arch(self) -> str:
         import torch
 

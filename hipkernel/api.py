@@ -94,14 +94,47 @@ def kernel_source(path: str = "scalar") -> str:
     return inline_includes(lambda name: (KERNEL_DIR / name).read_text(), KERNEL_FILES[path].name)
 
 
+# The host code between a caller and the kernel: what picks the config, tunes, compiles,
+# packs the arguments and launches (the NumPy level and the runtimes). An edit of it can
+# change what a GPU record measured as surely as a kernel edit can, so the hash that stamps
+# the records covers it too. The torch entry point (torch.py) is hashed on top of it for its
+# own records only (``torch_source_hash``): the other records never run it.
+PACKAGE_DIR = Path(__file__).parent
+LAUNCH_FILES = ("api.py", "autotune.py", "config.py", "backends")
+TORCH_ENTRY_FILE = "torch.py"
+
+
+def _hashed_files() -> list[tuple[str, Path]]:
+    """(name, file) of every kernel file (each ``.hip`` and ``.h`` under ``KERNEL_DIR``) and
+    every launch file (``LAUNCH_FILES`` under ``PACKAGE_DIR``, each ``.py`` of a folder),
+    sorted by name; a launch file's name is its path under the package."""
+    files = [(p.name, p) for p in KERNEL_DIR.iterdir() if p.suffix in (".hip", ".h")]
+    for name in LAUNCH_FILES:
+        p = PACKAGE_DIR / name
+        if p.is_dir():
+            files += [(f"{name}/{f.name}", f) for f in p.iterdir() if f.suffix == ".py"]
+        else:
+            files.append((name, p))
+    return sorted(files)
+
+
 def source_hash() -> str:
-    """sha256 over every kernel file (each ``.hip`` and ``.h`` under ``hipkernel/kernels``,
-    sorted by name: its name, a NUL, its bytes, a NUL), so an edit of any path or header
-    changes it. GPU records in reports/gpu/ carry it; CI compares it with the current tree."""
+    """sha256 over every kernel file and every launch file (``_hashed_files``: its name, a
+    NUL, its bytes, a NUL), so an edit of any kernel path, header, or of the host code that
+    tunes, compiles and launches them changes it. GPU records in reports/gpu/ carry it; CI
+    compares it with the current tree, so a record is fresh only for the code it ran."""
     h = hashlib.sha256()
-    for f in sorted((p for p in KERNEL_DIR.iterdir() if p.suffix in (".hip", ".h")),
-                    key=lambda p: p.name):
-        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    for name, f in _hashed_files():
+        h.update(name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def torch_source_hash() -> str:
+    """sha256 over ``source_hash()`` and the torch entry point (``TORCH_ENTRY_FILE``): what a
+    record of ``hipkernel.torch`` (kernel ``hipkernel-torch``) ran, so that an edit of the
+    entry point stales its records and no other."""
+    h = hashlib.sha256(source_hash().encode() + b"\0")
+    h.update(TORCH_ENTRY_FILE.encode() + b"\0" + (PACKAGE_DIR / TORCH_ENTRY_FILE).read_bytes())
     return h.hexdigest()
 
 

@@ -1,8 +1,9 @@
 """GPU records: what a run of the kernel on real hardware showed, committed under
 ``reports/gpu/`` so that "works on GPU" is always backed by a run of the code as it is.
 
-Every record is a JSON object carrying ``kernel_source_hash`` (``api.source_hash()`` at the
-time of the run), ``device``, ``date``, and ``ok``. CI has no GPU; it runs
+Every record is a JSON object carrying ``kernel_source_hash`` (``api.source_hash()``, over the
+kernel and its launch code, at the time of the run; a record of the torch entry point
+``api.torch_source_hash()``), ``device``, ``date``, and ``ok``. CI has no GPU; it runs
 ``python -m hipkernel.record --check reports/gpu`` which fails when any record's hash
 differs from the current kernel source (stale) or when a record says it failed, and when a
 bench record timed no peer (torch did not import: hipkernel alone says nothing against SDPA,
@@ -38,12 +39,29 @@ import json
 import sys
 from pathlib import Path
 
-from hipkernel.api import source_hash
+from hipkernel.api import source_hash, torch_source_hash
 from refattn import records, schema
 from refattn.records import CARRIED_KINDS, carried_note  # noqa: F401 - re-exported
 from refattn.fileio import atomic_write_text
 
 SCHEMA = 1
+
+
+# Registry names of this package's kernels whose records carry a hash other than
+# ``api.source_hash()``, and that hash.
+_OWN_HASHES = {"hipkernel-torch": torch_source_hash}
+
+
+def hash_of(kernel: str) -> str:
+    """The source hash a record of ``kernel`` (a registry name) is stamped with and judged
+    against: ``api.source_hash()``, or the torch entry point's (``api.torch_source_hash``)."""
+    return _OWN_HASHES.get(kernel, source_hash)()
+
+
+def _current(rec, default: str) -> str:
+    """The hash ``rec`` is judged against: its own kernel's (``hash_of``), else ``default``."""
+    spec = records.record_spec(rec) if isinstance(rec, dict) else None
+    return hash_of(spec) if spec in _OWN_HASHES else default
 
 
 def stamp(kind: str, device: str, body: dict, ok: bool, kernel: str = "hipkernel") -> dict:
@@ -53,7 +71,7 @@ def stamp(kind: str, device: str, body: dict, ok: bool, kernel: str = "hipkernel
         "schema": SCHEMA,
         "kind": kind,
         "kernel_spec": kernel,
-        "kernel_source_hash": source_hash(),
+        "kernel_source_hash": hash_of(kernel),
         "device": device,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "ok": bool(ok),
@@ -70,7 +88,7 @@ def freshness(rec: dict, current_hash: str) -> str:
 
 def check_record(rec: dict, current_hash: str | None = None) -> list[str]:
     """Problems with one record (empty list = fresh or carried, and passing)."""
-    current_hash = current_hash or source_hash()
+    current_hash = current_hash or _current(rec, source_hash())
     problems = schema.gpu_common_problems(rec)  # hash, kind, device and ok, typed
     if problems:
         return problems
@@ -178,7 +196,7 @@ def check_dir(path: Path, require: tuple[str, ...] = ("h200.json",)) -> list[str
         if error:
             problems.append(f"{f.name}: unreadable: {error}")
         else:
-            problems += [f"{f.name}: {p}" for p in check_record(rec, current)]
+            problems += [f"{f.name}: {p}" for p in check_record(rec, _current(rec, current))]
     return problems
 
 
@@ -186,7 +204,8 @@ def carried_in(path: Path) -> list[str]:
     """One line for each carried record in ``path`` (see :func:`freshness`)."""
     current = source_hash()
     return [f"{f.name}: {carried_note(rec)}" for f, rec, error in _read_dir(Path(path))
-            if not error and not schema.gpu_common_problems(rec) and freshness(rec, current) == "carried"]
+            if not error and not schema.gpu_common_problems(rec)
+            and freshness(rec, _current(rec, current)) == "carried"]
 
 
 def _read_dir(path: Path):
@@ -267,11 +286,12 @@ def collect(records: Path, reliability: Path, scaling: Path | None, out: Path) -
         _load(records / "mma_check.json", "records"), matrix_run, records / "mma_check.json")
     current = source_hash()
     staged_runs = [*staged.items(), ("records/h200.json", matrix_run)]
-    problems = [f"{name}: {p}" for name, rec in staged_runs for p in check_record(rec, current)]
+    problems = [f"{name}: {p}" for name, rec in staged_runs
+                for p in check_record(rec, _current(rec, current))]
     # what is collected is this run: nothing is carried in
     problems += [f"{name}: {carried_note(rec)}, not a run of the current kernel source "
                  f"{current[:12]}" for name, rec in staged_runs
-                 if freshness(rec, current) == "carried"]
+                 if freshness(rec, _current(rec, current)) == "carried"]
     if problems:
         raise ValueError("nothing written:\n  " + "\n  ".join(problems))
     out.mkdir(parents=True, exist_ok=True)

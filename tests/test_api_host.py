@@ -149,6 +149,38 @@ def test_source_hash_covers_every_kernel_file(monkeypatch, tmp_path):
     assert api.source_hash() == base
 
 
+def test_source_hash_covers_the_launch_code(monkeypatch, tmp_path):
+    """An edit of the host code that tunes, compiles and launches the kernel (the NumPy level,
+    a runtime) changes the hash too: a GPU record is fresh only for the code that ran it. The
+    torch entry point changes only the hash of its own records; a file outside the launch
+    path (the harness adapter) changes neither."""
+    import shutil
+
+    pkg = tmp_path / "hipkernel"
+    shutil.copytree(api.PACKAGE_DIR, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(api, "PACKAGE_DIR", pkg)
+    monkeypatch.setattr(api, "KERNEL_DIR", pkg / "kernels")
+    base = api.source_hash()
+    torch_base = api.torch_source_hash()
+    assert torch_base != base
+    for name in ("api.py", "autotune.py", "config.py", "backends/cuda.py",
+                 "backends/hip.py", "backends/__init__.py", "kernels/wgmma.h"):
+        f = pkg / name
+        text = f.read_text()
+        f.write_text(text + "# edit\n")
+        assert api.source_hash() != base and api.torch_source_hash() != torch_base, name
+        f.write_text(text)
+    # the torch entry point: its own records' hash, not the kernel's
+    f = pkg / "torch.py"
+    text = f.read_text()
+    f.write_text(text + "# edit\n")
+    assert api.source_hash() == base and api.torch_source_hash() != torch_base
+    f.write_text(text)
+    (pkg / "adapter.py").write_text((pkg / "adapter.py").read_text() + "# edit\n")
+    (pkg / "backends" / "notes.txt").write_text("not code\n")
+    assert api.source_hash() == base and api.torch_source_hash() == torch_base
+
+
 def test_mma_config_accepted_and_checked_against_the_target():
     from hipkernel.config import KernelConfig
 

@@ -39,6 +39,22 @@ def test_checker_flags_stale_and_failing_records():
     assert record.check_record({"kind": "matrix"})  # missing fields
 
 
+def test_a_torch_entry_record_is_judged_against_the_entry_points_hash(tmp_path):
+    """A record of hipkernel-torch is fresh for the kernel, the launch code and torch.py
+    together (api.torch_source_hash), in record.check_record and record.check_dir alike; one
+    stamped with the kernel's hash alone is stale."""
+    from hipkernel import api
+
+    rec = record.stamp("torch", "dev", {"results": [], "checks": {}}, True, kernel="hipkernel-torch")
+    assert rec["kernel_source_hash"] == api.torch_source_hash()
+    assert record.freshness(rec, record._current(rec, api.source_hash())) == "fresh"
+    assert not any("stale" in p for p in record.check_record(rec))
+    old = dict(rec, kernel_source_hash=api.source_hash())
+    assert any("stale" in p for p in record.check_record(old))
+    (tmp_path / "torch-h200.json").write_text(json.dumps(old))
+    assert any("torch-h200.json: stale" in p for p in record.check_dir(tmp_path, require=()))
+
+
 def test_a_bench_record_without_any_peer_is_flagged():
     """The committed bench must compare: a run whose torch did not import (torch not importable in
     the timing process) times hipkernel alone and is refused. (Checked against the record's own

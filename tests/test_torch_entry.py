@@ -223,7 +223,12 @@ def test_the_harness_adapter_of_the_torch_entry_point():
         TorchEntryKernel("cuda")
     with pytest.raises(ValueError, match="^mutants: not in the catalogue: tail_unmasked"):
         TorchEntryKernel(mutants={"tail_unmasked"})
-    assert k.source_hash() == api.source_hash()
+    # its records are judged against the kernel, the launch code and the entry point itself
+    assert k.source_hash() == api.torch_source_hash() != api.source_hash()
+    from hipkernel import record
+
+    assert record.hash_of("hipkernel-torch") == k.source_hash()
+    assert record.hash_of("hipkernel") == api.source_hash()
 
 
 def test_the_torch_record_is_written_by_its_own_process_and_checked_by_kind():
