@@ -122,7 +122,7 @@ def _device_ms(T, fn, reps: int = 30) -> float:
     """The median device time of ``fn()`` (events around each call, behind a GPU hold)."""
     from refattn.timing import Call, TorchEventTimer
 
-    return statistics.median(TorchEventTimer(T)(Call(fn, T.cuda.synchronize, name="x"),
+    return statistics.median(TorchEventTimer(T)(Call("hipkernel-torch", fn, T.cuda.synchronize),
                                                 warmup=3, reps=reps))
 
 

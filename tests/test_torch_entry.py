@@ -295,3 +295,28 @@ def test_a_warm_call_does_what_a_cold_one_does(rt):
     assert cold["past past the end"][0] == "ValueError" and cold["past bool"][0] == "ValueError"
     assert cold["window True"][0] == "ValueError" and cold["smooth 1"][0] == "ValueError"
     assert cold["misaligned q"][0] == "ValueError" and cold["strided q"][0] == "ValueError"
+
+
+def test_torch_bench_times_the_call_it_is_given_on_the_event_timer(monkeypatch):
+    """torch_bench's device time: the Call handed to refattn.timing.TorchEventTimer launches
+    the function given and synchronizes through torch, and the median of the timer's samples
+    comes back (a fake timer here: the GPU run is the record's)."""
+    from hipkernel import torch_bench
+    from refattn import timing
+
+    seen = {}
+
+    class FakeTimer:
+        def __init__(self, T):
+            seen["T"] = T
+
+        def __call__(self, call, *, warmup, reps):
+            seen.update(call=call, warmup=warmup, reps=reps)
+            call.fn()
+            return [3.0, 1.0, 2.0]
+
+    monkeypatch.setattr(timing, "TorchEventTimer", FakeTimer)
+    launched = []
+    assert torch_bench._device_ms(torch, lambda: launched.append(1), reps=3) == 2.0
+    assert launched == [1] and seen["T"] is torch and seen["reps"] == 3
+    assert seen["call"].sync is torch.cuda.synchronize and seen["call"].name == "hipkernel-torch"
