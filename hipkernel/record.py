@@ -223,6 +223,10 @@ def _read_dir(path: Path):
 FROM_RECORDS = ("mutants-h200.json",)
 FROM_RELIABILITY = ("h200.json", "measure-h200.json", "torch-h200.json", "bench-h200.json",
                     "reliability-h200.json")
+# Collected when the run wrote it: the torch entry point's record is judged against its own
+# hash (api.torch_source_hash), so a run of the kernel's records without it is complete; a
+# committed one then stays as it is, and the check says whether it is still fresh.
+OPTIONAL_FROM_RELIABILITY = ("torch-h200.json",)
 SCALING_RECORD = "scaling-h200x2.json"
 MMA_CHECK_RECORD = "mma-check-h200.json"
 MMA_CHECK_COMMAND = ("GPUS=2 OUT=dir bash scripts/hipkernel_records.sh (GPU 1: python3 "
@@ -275,10 +279,12 @@ def collect(records: Path, reliability: Path, scaling: Path | None, out: Path) -
     keeps the scaling record in ``out``, which the check then reports as carried). Files
     are copied byte for byte; mma_check.json becomes MMA_CHECK_RECORD. Raises ValueError,
     writing nothing, when one is missing, unreadable, not a run of the current kernel
-    source, or failed. Returns the names written."""
+    source, or failed; ``OPTIONAL_FROM_RELIABILITY`` records are collected only when present.
+    Returns the names written."""
     records, reliability, out = Path(records), Path(reliability), Path(out)
     sources = ([(name, records / name, "records") for name in FROM_RECORDS]
-               + [(name, reliability / name, "reliability") for name in FROM_RELIABILITY]
+               + [(name, reliability / name, "reliability") for name in FROM_RELIABILITY
+                  if name not in OPTIONAL_FROM_RELIABILITY or (reliability / name).exists()]
                + ([(SCALING_RECORD, Path(scaling), "scaling")] if scaling is not None else []))
     staged = {name: _load(path, what) for name, path, what in sources}
     matrix_run = _load(records / "h200.json", "records")  # the run mma_check.json belongs to

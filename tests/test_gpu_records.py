@@ -211,6 +211,23 @@ def test_collect_writes_the_records_of_the_runs(tmp_path):
     assert sorted(p.name for p in (tmp_path / "cli").glob("*.json")) == written
 
 
+def test_collect_without_a_torch_entry_record_writes_the_others_and_keeps_the_committed_one(tmp_path):
+    """The torch entry point's record is collected when the run wrote it; without it the
+    kernel's records are written and a committed torch record stays byte for byte (the check
+    then judges it against its own hash). A missing required record still refuses."""
+    rec_dir, rel_dir, scaling = _device_outputs(tmp_path)
+    (rel_dir / "torch-h200.json").unlink()
+    out = tmp_path / "gpu"
+    out.mkdir()
+    (out / "torch-h200.json").write_text("committed\n")
+    written = record.collect(rec_dir, rel_dir, scaling, out)
+    assert "torch-h200.json" not in written and "h200.json" in written
+    assert (out / "torch-h200.json").read_text() == "committed\n"
+    (rel_dir / "bench-h200.json").unlink()
+    with pytest.raises(ValueError, match="bench-h200.json is missing"):
+        record.collect(rec_dir, rel_dir, scaling, tmp_path / "again")
+
+
 def test_collect_names_the_command_that_made_the_kill_matrices(tmp_path):
     """mma-check-h200.json says how the script ran it: on two GPUs its mma_check has a
     sweep section, on one none (its kill matrices ran beside the
