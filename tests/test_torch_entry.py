@@ -1,7 +1,8 @@
 """``hipkernel.torch.attention`` without a GPU: its argument checks, the stream it launches
 on, no synchronize, a geometry prepared once and patched per call, the graph-capture rule,
 ragged lengths, and the custom op's schema and fake implementation. The device side (torch's
-current stream, a captured graph, torch.compile, numerics) runs on a GPU: scripts/torch_check.py."""
+current stream, a captured graph, torch.compile, numerics, host timings) runs on a GPU:
+``python -m hipkernel.torch_bench``, gpu_session's torch section."""
 
 import numpy as np
 import pytest
@@ -320,3 +321,59 @@ def test_torch_bench_times_the_call_it_is_given_on_the_event_timer(monkeypatch):
     assert torch_bench._device_ms(torch, lambda: launched.append(1), reps=3) == 2.0
     assert launched == [1] and seen["T"] is torch and seen["reps"] == 3
     assert seen["call"].sync is torch.cuda.synchronize and seen["call"].name == "hipkernel-torch"
+
+
+class _CpuTorch:
+    """torch as hipkernel.torch_bench sees it, on the CPU: "cuda" tensors and generators are
+    CPU ones, synchronize and the GPU sleep do nothing (the fake runtime launches nothing)."""
+
+    def __init__(self):
+        import types
+
+        self.cuda = types.SimpleNamespace(synchronize=lambda: None, _sleep=lambda cycles: None)
+
+    def Generator(self, device=None):  # noqa: N802 - torch's name
+        return torch.Generator()
+
+    def randn(self, *shape, device=None, generator=None):
+        return torch.randn(*shape, generator=generator)
+
+    def rand(self, *shape, device=None, generator=None):
+        return torch.rand(*shape, generator=generator)
+
+
+def test_torch_bench_host_overhead_and_chunked_prefill_run_on_a_fake_device(rt, monkeypatch):
+    """The host-timing half of torch_bench (host overhead per geometry, the chunked prefill
+    cold and warm against its kernels) on the fake runtime and a fake event timer: every
+    geometry is called, the rows carry their targets, and the results are JSON a record can
+    hold (no NaN, no infinity). What it measures is the GPU run's."""
+    import json
+
+    from hipkernel import torch_bench
+    from refattn import timing
+
+    class FakeTimer:
+        cycles_per_ms = 1.0e6
+
+        def __init__(self, T):
+            pass
+
+        def __call__(self, call, *, warmup, reps):
+            call.fn()
+            return [0.010, 0.012, 0.011]
+
+    monkeypatch.setattr(timing, "TorchEventTimer", FakeTimer)
+    monkeypatch.setattr(torch_bench, "_CYCLES", [])
+    monkeypatch.setattr(torch_bench, "HOST_GEOMETRIES", [(16, 32, 8), (1, 32, -1)])
+    T = _CpuTorch()
+    rows = torch_bench.host_overhead(T, ht, n=3)
+    assert [(r["sq"], r["past_len"], r["window"]) for r in rows] == [(16, 32, 8), (1, 32, -1)]
+    for r in rows:
+        assert r["kernel_ms"] == 0.011 and r["target_us"] == torch_bench.HOST_OVERHEAD_US
+        assert r["hit"] == (r["host_overhead_us"] <= torch_bench.HOST_OVERHEAD_US)
+    res = torch_bench.chunked_prefill(T, ht, total=64, chunk=16)
+    assert res["chunks"] == 4 and res["kernel_sum_s"] == pytest.approx(4 * 0.011e-3)
+    assert res["warm_over_kernels"] == pytest.approx(res["warm_s"] / res["kernel_sum_s"])
+    assert isinstance(res["hit_over_kernels"], bool) and isinstance(res["hit_cold_over_warm"], bool)
+    json.dumps({"host": rows, "chunked_16k": res}, allow_nan=False)
+    assert rt.be.launches, "the fake runtime saw no launch"
