@@ -250,9 +250,44 @@ def _load(path: Path, what: str) -> dict:
     return rec
 
 
+def _merged_mma_checks(records: Path) -> tuple[dict, list[str]]:
+    """The kill matrices of every ``mma_check*.json`` in ``records`` as one: the first run's
+    ``mma_check.json``, then runs that completed it (``mma_check-<n>.json``, made with
+    ``--configs`` set to what it did not reach). Each must carry the same kernel source hash
+    and force configs no other run forced. Returns the merged JSON (with ``runs``, each
+    file's configs, when there are several) and the names of the files."""
+    paths = [records / "mma_check.json"] + sorted(records.glob("mma_check-*.json"))
+    raws = [(p, _load(p, "records")) for p in paths]
+    hashes = {p.name: raw.get("kernel_source_hash") for p, raw in raws}
+    if len(set(hashes.values())) > 1:
+        raise ValueError(f"records: the kill-matrix runs are of different kernel sources: "
+                         f"{', '.join(f'{n} {str(h)[:12]}' for n, h in hashes.items())}")
+    merged = dict(raws[0][1])
+    mutants, planned, runs = {}, [], []
+    for p, raw in raws:
+        km = raw.get("mutants")
+        if not isinstance(km, dict) or not km:
+            raise ValueError(f"records: {p} holds no kill matrix (its mutants section is {km!r})")
+        twice = sorted(set(km) & set(mutants))
+        if twice:
+            raise ValueError(f"records: {p} forces {', '.join(twice)} again: each config's kill "
+                             f"matrix comes from one run")
+        mutants.update(km)
+        planned += [c for c in raw.get("mutants_planned") or [] if c not in planned]
+        runs.append({"file": p.name, "configs": list(km)})
+    merged["mutants"] = mutants
+    if planned:
+        merged["mutants_planned"] = planned
+        merged["configs_not_run"] = [c for c in planned if c not in mutants]
+    if len(runs) > 1:
+        merged["runs"] = runs
+    return merged, [p.name for p, _ in raws]
+
+
 def _mma_check_record(raw: dict, matrix: dict, path: Path) -> dict:
     """scripts/mma_check.py's output as a record: stamped with the hash the run wrote, ok when
-    every kill matrix in it passed."""
+    every kill matrix in it passed. A config it planned and did not reach is listed in
+    ``configs_not_run`` (and by ``--check``), not counted as passed."""
     raw = dict(raw)
     run_hash = raw.pop("kernel_source_hash", None)
     if run_hash is None:
@@ -265,11 +300,21 @@ def _mma_check_record(raw: dict, matrix: dict, path: Path) -> dict:
     ok = all(isinstance(km, dict) and km.get("ok") is True for km in mutants.values())
     body = {"command": MMA_CHECK_COMMAND if "sweep" in raw else MMA_CHECK_COMMAND_ONE_CALL,
             "note": "stamped by python -m hipkernel.record --collect from the device run's "
-                    "mma_check.json, whose kernel source hash it checked",
+                    "mma_check.json, whose kernel source hash it checked"
+                    + (f", with {', '.join(r['file'] for r in raw['runs'][1:])} completing it"
+                       if raw.get("runs") else ""),
             "run_of": matrix.get("date"), **raw}
     rec = stamp("mma_check", matrix.get("device", "?"), body, ok)
     rec["kernel_source_hash"] = run_hash
     return rec
+
+
+def incomplete_in(path: Path) -> list[str]:
+    """One line for each record in ``path`` that names configs it planned and did not run
+    (``configs_not_run`` of a kill-matrix record)."""
+    return [f"{f.name}: not run: the kill matrices with {', '.join(map(str, rec['configs_not_run']))} forced"
+            for f, rec, error in _read_dir(Path(path))
+            if not error and isinstance(rec, dict) and rec.get("configs_not_run")]
 
 
 def collect(records: Path, reliability: Path, scaling: Path | None, out: Path) -> list[str]:
@@ -277,7 +322,8 @@ def collect(records: Path, reliability: Path, scaling: Path | None, out: Path) -
     ``scripts/hipkernel_records.sh``, ``rec/`` (``records``) and ``rel/``
     (``reliability``), and the JSON of ``python -m hipkernel.scaling`` (``scaling``; None
     keeps the scaling record in ``out``, which the check then reports as carried). Files
-    are copied byte for byte; mma_check.json becomes MMA_CHECK_RECORD. Raises ValueError,
+    are copied byte for byte; mma_check.json, with any ``mma_check-<n>.json`` that completed
+    it (``_merged_mma_checks``), becomes MMA_CHECK_RECORD. Raises ValueError,
     writing nothing, when one is missing, unreadable, not a run of the current kernel
     source, or failed; ``OPTIONAL_FROM_RELIABILITY`` records are collected only when present.
     Returns the names written."""
@@ -288,8 +334,8 @@ def collect(records: Path, reliability: Path, scaling: Path | None, out: Path) -
                + ([(SCALING_RECORD, Path(scaling), "scaling")] if scaling is not None else []))
     staged = {name: _load(path, what) for name, path, what in sources}
     matrix_run = _load(records / "h200.json", "records")  # the run mma_check.json belongs to
-    staged[MMA_CHECK_RECORD] = _mma_check_record(
-        _load(records / "mma_check.json", "records"), matrix_run, records / "mma_check.json")
+    checks, _ = _merged_mma_checks(records)
+    staged[MMA_CHECK_RECORD] = _mma_check_record(checks, matrix_run, records / "mma_check.json")
     current = source_hash()
     staged_runs = [*staged.items(), ("records/h200.json", matrix_run)]
     problems = [f"{name}: {p}" for name, rec in staged_runs
@@ -347,7 +393,7 @@ def main(argv=None) -> int:
     n = len(list(args.check.glob("*.json")))
     print(f"GPU records: {n - len(carried)} fresh and passing (kernel source "
           f"{source_hash()[:12]})" + (f", {len(carried)} carried and passing" if carried else ""))
-    for line in carried:
+    for line in carried + incomplete_in(args.check):
         print("  - " + line)
     return 0
 

@@ -14,8 +14,14 @@
 #      (TIMED=matrix,measure,torch leaves the bench to a run of its own:
 #       python3 -m hipkernel.gpu_session --out rel --only bench, its record joining rel/)
 #   4. rec/ and rel/ packed into one file, $OUT/records.tgz
-# On one H200 the whole run takes about 420 s (under a 10-minute limit). Then, where the
-# records are collected:
+# On one H200 the whole run takes about 420-480 s (under a 10-minute limit). On one GPU the kill
+# matrices with each config forced share it with the rest of step 2 and may not all finish in
+# LIMIT: rec/mma_check.json keeps the configs done and names the ones planned
+# (mutants_planned). A later run on the same source completes them, its JSON beside the first:
+#   python3 scripts/mma_check.py --sections mutants --configs REST --jobs 14 --out d2
+#   cp d2/mma_check.json rec/mma_check-2.json
+# (the collect below merges them; a config it never reached is listed as not run). Then, where
+# the records are collected:
 #   mkdir d && tar xzf records.tgz -C d && python -m hipkernel.record --collect d/rec d/rel
 # (add the JSON of `python -m hipkernel.scaling` as a third argument when two GPUs ran it).
 #   OUT=dir bash scripts/hipkernel_records.sh

@@ -242,11 +242,16 @@ def section_mutants(out: Path) -> dict:
     With ``--jobs N`` the configs run in N processes at once on the one GPU (nothing here is
     timed, so they may share it; on the H200 five took 141 s, one at a time over 540); their results
     are written as each config finishes, so a run cut by its time limit keeps the finished
-    configs."""
+    configs, and ``mutants_planned`` names every config it was to force. A second run with
+    ``--configs`` set to the rest, its JSON beside the first as ``mma_check-<n>.json``,
+    completes it (``python -m hipkernel.record --collect`` merges them)."""
     cfgs = [c for c in (MMA_DEFAULT, MMA_WIDE_CANDIDATES[0], MMA_WALK_CANDIDATES[-1],
                         *WGMMA_CANDIDATES, *WGSPAN_CANDIDATES) if c in MMA_ALL]  # --configs narrows
     cfgs += [c for c in MMA_ALL if c.path in AMD_MMA_WAVE]
     doc: dict = {}
+    # the plan first: a run cut by its limit says which configs it did not reach
+    _DOC["mutants_planned"] = [c.name for c in cfgs]
+    _save(out, {"mutants": doc})
 
     def done(cfg, result):
         text, body = result

@@ -228,6 +228,49 @@ def test_collect_without_a_torch_entry_record_writes_the_others_and_keeps_the_co
         record.collect(rec_dir, rel_dir, scaling, tmp_path / "again")
 
 
+def test_collect_merges_a_kill_matrix_run_that_completed_a_cut_one(tmp_path, capsys):
+    """A run of scripts/mma_check.py cut by its limit keeps the configs it finished and its
+    plan; a second run of the rest, beside it as mma_check-2.json, completes it: the record
+    holds both runs' kill matrices and says which file gave which. Without the second run the
+    record lists the configs not run, and --check prints them. Runs of different sources, or
+    two runs of one config, are refused."""
+    rec_dir, rel_dir, scaling = _device_outputs(tmp_path)
+    h = record.source_hash()
+    plan = ["mma_m4_b64", "wgmma_m16_b64", "wgspan_m4_b136_p8_q4"]
+    (rec_dir / "mma_check.json").write_text(json.dumps({
+        "kernel_source_hash": h, "mutants_planned": plan,
+        "mutants": {"mma_m4_b64": {"ok": True}, "wgmma_m16_b64": {"ok": True}}}))
+    alone = tmp_path / "alone"
+    record.collect(rec_dir, rel_dir, scaling, alone)
+    mc = json.loads((alone / "mma-check-h200.json").read_text())
+    assert mc["ok"] is True and mc["configs_not_run"] == ["wgspan_m4_b136_p8_q4"] and "runs" not in mc
+    assert record.incomplete_in(alone) == [
+        "mma-check-h200.json: not run: the kill matrices with wgspan_m4_b136_p8_q4 forced"]
+    assert record.main(["--check", str(alone)]) == 0
+    assert "not run: the kill matrices with wgspan_m4_b136_p8_q4 forced" in capsys.readouterr().out
+
+    (rec_dir / "mma_check-2.json").write_text(json.dumps({
+        "kernel_source_hash": h, "mutants_planned": ["wgspan_m4_b136_p8_q4"],
+        "mutants": {"wgspan_m4_b136_p8_q4": {"ok": True}}}))
+    both = tmp_path / "both"
+    record.collect(rec_dir, rel_dir, scaling, both)
+    mc = json.loads((both / "mma-check-h200.json").read_text())
+    assert list(mc["mutants"]) == plan and mc["configs_not_run"] == [] and mc["ok"] is True
+    assert mc["runs"] == [{"file": "mma_check.json", "configs": plan[:2]},
+                          {"file": "mma_check-2.json", "configs": plan[2:]}]
+    assert "mma_check-2.json completing it" in mc["note"] and record.incomplete_in(both) == []
+
+    (rec_dir / "mma_check-2.json").write_text(json.dumps({
+        "kernel_source_hash": h, "mutants": {"mma_m4_b64": {"ok": True}}}))
+    with pytest.raises(ValueError, match="forces mma_m4_b64 again"):
+        record.collect(rec_dir, rel_dir, scaling, tmp_path / "twice")
+    (rec_dir / "mma_check-2.json").write_text(json.dumps({
+        "kernel_source_hash": "0" * 64, "mutants": {"wgspan_m4_b136_p8_q4": {"ok": True}}}))
+    with pytest.raises(ValueError, match="different kernel sources"):
+        record.collect(rec_dir, rel_dir, scaling, tmp_path / "mixed")
+    assert not (tmp_path / "twice").exists() and not (tmp_path / "mixed").exists()
+
+
 def test_collect_names_the_command_that_made_the_kill_matrices(tmp_path):
     """mma-check-h200.json says how the script ran it: on two GPUs its mma_check has a
     sweep section, on one none (its kill matrices ran beside the
