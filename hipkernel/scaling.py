@@ -324,6 +324,64 @@ def per_test_time_ratio(runs: Sequence[Mapping]) -> float | None:
     return None if not sums or not all(sums) else sums[1] / sums[0]
 
 
+# Targets of the runs from an installed wheel (scripts/scaling_fuzz.sh): the matrix over
+# every shipped suite and the fuzzer, each on two GPUs against one.
+WHEEL_TARGETS = {"run": 1.85, "fuzz": 1.9}
+
+
+def compare_case_runs(one: Mapping, two: Mapping) -> dict:
+    """Two ``refattn run --json`` documents of the same cases, on one GPU and on several:
+    whether the merged run holds the same cases with the same outcome and relL2 (each case
+    computes on one device, so the two must agree exactly), the cases that differ, and the
+    per-test slowdown: the median over the cases both timed of ``time_s`` (several GPUs over
+    one; above 1, the tests got slower side by side)."""
+    def rows(doc):
+        return {(r.get("suite"), r.get("case")): r for r in doc.get("results") or []
+                if isinstance(r, Mapping)}
+
+    a, b = rows(one), rows(two)
+    differ = sorted(f"{k[0]}/{k[1]}" for k in set(a) | set(b)
+                    if k not in a or k not in b
+                    or (a[k].get("outcome"), a[k].get("rel_l2")) != (b[k].get("outcome"), b[k].get("rel_l2")))
+    ratios = sorted(b[k]["time_s"] / a[k]["time_s"] for k in set(a) & set(b)
+                    if isinstance(a[k].get("time_s"), (int, float)) and a[k]["time_s"] > 0
+                    and isinstance(b[k].get("time_s"), (int, float)))
+    slowdown = None
+    if ratios:
+        mid = len(ratios) // 2
+        slowdown = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
+    return {"cases": len(a), "equal": bool(a) and not differ, "differ": differ[:20],
+            "n_differ": len(differ), "per_test_slowdown": slowdown}
+
+
+def wheel_runs_body(runs: Mapping[str, Mapping], docs: Mapping[str, Mapping], *, host: dict,
+                    devices: str, suites: Sequence[str], examples: int,
+                    targets: Mapping[str, float] = WHEEL_TARGETS) -> dict:
+    """The body of scripts/scaling_fuzz.sh's ``scaling.json``. ``runs``: per command name
+    (``<what>-gpus1``, ``<what>-gpus2``, what = fuzz, run, or run-<adapter>) its exit status
+    and wall time; ``docs``: the JSON each wrote. Per ``what``: the speed-up (wall on one GPU
+    over two), its target (``targets``, by the command's kind), whether it was met and, for a
+    matrix run, the case-for-case comparison of the merged run with the one-GPU run.
+    ``ok``: every command exited 0 and every matrix comparison is equal."""
+    pairs = {}
+    for name in runs:
+        what, _, g = name.rpartition("-gpus")
+        if g == "1" and f"{what}-gpus2" in runs:
+            one, two = runs[name], runs[f"{what}-gpus2"]
+            s = one["wall_s"] / two["wall_s"] if two.get("wall_s") else None
+            target = targets.get(what.split("-")[0])
+            pair = {"speedup": s, "target": target,
+                    "target_met": None if s is None or target is None else s >= target}
+            if what.startswith("run") and name in docs and f"{what}-gpus2" in docs:
+                pair["merged_vs_one_gpu"] = compare_case_runs(docs[name], docs[f"{what}-gpus2"])
+            pairs[what] = pair
+    ok = (all(r.get("exit") == 0 for r in runs.values())
+          and all(p.get("merged_vs_one_gpu", {}).get("equal", True) for p in pairs.values()))
+    return {"kind": "scaling_fuzz", "devices": devices, "host": host, "suites": list(suites),
+            "fuzz_examples": examples, "runs": dict(runs), "pairs": pairs,
+            "speedup": {k: p["speedup"] for k, p in pairs.items()}, "ok": ok}
+
+
 def record_body(*, host: dict, warmup: dict, runs: list[dict], suites: Sequence[str],
                 fuzz_shards: int, per_shard: int,
                 target: float = TARGET_SPEEDUP) -> tuple[dict, bool]:

@@ -5,10 +5,14 @@
 # an empty directory where the tree is not importable, times one after the other:
 #   refattn fuzz --kernel hipkernel --examples $EXAMPLES --gpus 1, then --gpus 2
 #   refattn run  --kernel hipkernel --suite <every shipped suite> --gpus 1, then --gpus 2
+#   refattn run  --kernel $THIRD    --suite <every shipped suite> --gpus 1, then --gpus 2
 # after compiling every kernel module into a fresh disk cache (hipkernel.scaling.warm_cache),
 # so no timed run pays compiles another one reads from disk. $OUT gets fuzz-gpus1.json,
-# fuzz-gpus2.json, run-gpus1.json, run-gpus2.json, warmup.json, scaling.json (each command's
-# wall time and exit status, and the speed-ups) and scaling.log (their output).
+# fuzz-gpus2.json, run-gpus1.json, run-gpus2.json, run-third-gpus{1,2}.json, warmup.json,
+# scaling.json (hipkernel.scaling.wheel_runs_body: the host facts, each command's wall time
+# and exit status, per pair the speed-up against its target and, for the matrix runs, whether
+# the merged two-GPU results equal the one-GPU results case for case, with the per-test
+# slowdown) and scaling.log (their output).
 # The host may be offline: the wheel is built without build isolation ($PYTHON's setuptools
 # and wheel; where they cannot build it, with isolation, which needs the package index)
 # and installed without its dependencies into a venv whose path ends with $PYTHON's
@@ -16,13 +20,17 @@
 # $PYTHON is itself a venv's), where numpy, rich, threadpoolctl, mpmath, hypothesis,
 # pytest-xdist and cuda-bindings must be.
 #   OUT=dir bash scripts/scaling_fuzz.sh          (PYTHON=python3, EXAMPLES=2000 by default)
-# Exit status: 0 every command exited 0; 1 one did not (a failing case, say); 2 fewer than two
-# GPUs visible, or the wheel could not be built or installed.
+# Exit status: 0 every command exited 0 and every merged matrix equals its one-GPU run; 1 not
+# (a failing case, say); 2 fewer than two GPUs visible, or the wheel could not be built or
+# installed.
 set -euo pipefail
 : "${OUT:?set OUT to the output directory}"
 PYTHON=${PYTHON:-python3}
 EXAMPLES=${EXAMPLES:-2000}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+# the kernel the harness did not build: hipkernel's flash_prefill_v3 through the C route by
+# default (THIRD=fa4 where FlashAttention-4 is installed)
+THIRD=${THIRD:-cabi:$ROOT/examples/c_v3/hipkernel_v3.toml}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 unset PYTHONPATH REFATTN_CASES_DIR REFATTN_FAKE_GPUS PYTEST_ADDOPTS PYTEST_DISABLE_PLUGIN_AUTOLOAD
 
@@ -87,24 +95,31 @@ for g in 1 2; do
   timed "run-gpus$g" "$refattn" run --kernel hipkernel --suite $suites --gpus "$g" -q \
     --json "$OUT/run-gpus$g.json"
 done
+# the same matrix of a kernel the harness did not build, through its adapter
+for g in 1 2; do
+  # shellcheck disable=SC2086
+  timed "run-third-gpus$g" "$refattn" run --kernel "$THIRD" --suite $suites --gpus "$g" -q \
+    --json "$OUT/run-third-gpus$g.json"
+done
 
-"$py" - "$d/times.tsv" "$OUT" "$seen" "$suites" "$EXAMPLES" <<'EOF'
+"$py" - "$d/times.tsv" "$OUT" "$seen" "$suites" "$EXAMPLES" "$THIRD" <<'EOF'
 import json, sys
 from pathlib import Path
 
-times, out, seen, suites, examples = sys.argv[1:]
-runs = {}
+from hipkernel.scaling import host_facts, wheel_runs_body
+
+times, out, seen, suites, examples, third = sys.argv[1:]
+runs, docs = {}, {}
 for line in Path(times).read_text().splitlines():
     name, rc, ms = line.split("\t")
     doc = Path(out) / f"{name}.json"
-    ok = json.loads(doc.read_text()).get("ok") if doc.is_file() else None
-    runs[name] = {"exit": int(rc), "wall_s": int(ms) / 1000, "ok": ok}
-speedup = {k: round(runs[f"{k}-gpus1"]["wall_s"] / runs[f"{k}-gpus2"]["wall_s"], 3)
-           for k in ("fuzz", "run") if runs[f"{k}-gpus2"]["wall_s"] > 0}
-body = {"kind": "scaling_fuzz", "devices": seen, "suites": suites.split(),
-        "fuzz_examples": int(examples), "runs": runs, "speedup": speedup,
-        "ok": all(r["exit"] == 0 for r in runs.values())}
+    if doc.is_file():
+        docs[name] = json.loads(doc.read_text())
+    runs[name] = {"exit": int(rc), "wall_s": int(ms) / 1000, "ok": docs.get(name, {}).get("ok")}
+body = wheel_runs_body(runs, docs, host=host_facts(), devices=seen, suites=suites.split(),
+                       examples=int(examples))
+body["third_party_kernel"] = third
 (Path(out) / "scaling.json").write_text(json.dumps(body, indent=2) + "\n")
-print(json.dumps({"speedup": speedup, "ok": body["ok"]}))
+print(json.dumps({"pairs": body["pairs"], "ok": body["ok"]}))
 sys.exit(0 if body["ok"] else 1)
 EOF

@@ -491,3 +491,45 @@ def test_timed_run_kills_the_whole_run_on_timeout(tmp_path):
     row = SC.timed_run([sys.executable, "-c", "print('1 failed in 0.01s')"], dict(os.environ),
                        30.0, tmp_path / "log2")
     assert (row["rc"], row["timed_out"], row["pytest"]) == (0, False, "1 failed in 0.01s")
+
+
+def _run_doc(cases):
+    """A ``refattn run --json`` document in miniature: (suite, case, outcome, rel_l2, time_s)."""
+    return {"results": [{"suite": s, "case": c, "outcome": o, "rel_l2": r, "time_s": t}
+                        for s, c, o, r, t in cases]}
+
+
+def test_compare_case_runs_finds_every_case_that_differs_and_the_per_test_slowdown():
+    one = _run_doc([("seed", "a", "pass", 1e-4, 1.0), ("seed", "b", "pass", 2e-4, 2.0),
+                    ("ragged", "c", "declined", None, 0.5)])
+    same = _run_doc([("ragged", "c", "declined", None, 0.6), ("seed", "b", "pass", 2e-4, 2.2),
+                     ("seed", "a", "pass", 1e-4, 1.1)])
+    res = SC.compare_case_runs(one, same)  # the merge's order is not the cases' identity
+    assert res == {"cases": 3, "equal": True, "differ": [], "n_differ": 0,
+                   "per_test_slowdown": pytest.approx(1.1)}
+    other = _run_doc([("seed", "a", "pass", 1.5e-4, 1.0), ("seed", "b", "fail", 2e-4, 2.0),
+                      ("seed", "d", "pass", 0.0, 1.0)])
+    res = SC.compare_case_runs(one, other)
+    assert not res["equal"] and res["differ"] == ["ragged/c", "seed/a", "seed/b", "seed/d"]
+    assert not SC.compare_case_runs(_run_doc([]), _run_doc([]))["equal"]  # nothing compared
+
+
+def test_wheel_runs_body_pairs_each_command_with_its_target_and_compares_the_matrices():
+    runs = {"fuzz-gpus1": {"exit": 0, "wall_s": 100.0}, "fuzz-gpus2": {"exit": 0, "wall_s": 52.0},
+            "run-gpus1": {"exit": 0, "wall_s": 90.0}, "run-gpus2": {"exit": 0, "wall_s": 50.0},
+            "run-third-gpus1": {"exit": 0, "wall_s": 40.0},
+            "run-third-gpus2": {"exit": 0, "wall_s": 21.0}}
+    doc = _run_doc([("seed", "a", "pass", 1e-4, 1.0)])
+    docs = {n: doc for n in runs if n.startswith("run")}
+    body = SC.wheel_runs_body(runs, docs, host={"cpu_count": 32}, devices="2 nvidia-smi",
+                             suites=["seed"], examples=2000)
+    assert body["ok"] and body["host"] == {"cpu_count": 32} and body["fuzz_examples"] == 2000
+    assert body["pairs"]["fuzz"] == {"speedup": pytest.approx(100 / 52), "target": 1.9,
+                                     "target_met": True}
+    assert body["pairs"]["run"]["target"] == 1.85 and body["pairs"]["run"]["target_met"] is False
+    assert body["pairs"]["run-third"]["target"] == 1.85 and body["pairs"]["run-third"]["target_met"]
+    assert body["pairs"]["run"]["merged_vs_one_gpu"]["equal"] and "merged_vs_one_gpu" not in body["pairs"]["fuzz"]
+    docs["run-third-gpus2"] = _run_doc([("seed", "a", "fail", 1e-4, 1.0)])
+    assert not SC.wheel_runs_body(runs, docs, host={}, devices="", suites=[], examples=1)["ok"]
+    runs["fuzz-gpus2"] = {"exit": 1, "wall_s": 52.0}
+    assert not SC.wheel_runs_body(runs, {}, host={}, devices="", suites=[], examples=1)["ok"]
