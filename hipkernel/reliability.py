@@ -452,6 +452,9 @@ def sanitizer_script(suites=("seed", "extended", "coverage", "ragged"), out_dir:
     return "\n".join(lines) + "\n"
 
 
+_now = time.monotonic  # the sanitize target's clock for its time budget
+
+
 def case_cost(case: Case) -> int:
     """Visible (query, key) pairs of ``case`` over its heads and batch: what a sanitizer's
     run time grows with."""
@@ -461,7 +464,7 @@ def case_cost(case: Case) -> int:
 
 def sanitize_target(suites=("seed", "extended", "coverage", "ragged"), *, backend=None, match=None, cache: str = "tight",
                     all_configs: bool = False, judge: bool = False, cheapest_first: bool = False,
-                    out=None) -> int:
+                    time_budget: float | None = None, out=None) -> int:
     """The case matrix once on the kernel, for compute-sanitizer. ``HIPKERNEL_TUNE=0``, so
     launches use the case configs and ``config.DEFAULT`` only (``all_configs``: every
     autotune candidate of ``be.arch`` too, the mma path included where it exists). ``cache="tight"`` hands the kernel a cache of exactly
@@ -475,13 +478,17 @@ def sanitize_target(suites=("seed", "extended", "coverage", "ragged"), *, backen
     the mma path's default config (and, at d = 64, its 32-rows-a-warp config; and where its
     G > 1, the packed config at the most packing G allows), and on sm_90 the wgmma config of
     its head dim (and at d = 64 the wgspan config, packed as G allows), so the sanitizer sees
-    every kernel source and tile variant. Prints one
-    line per launch; returns 0 if all is well, else 1."""
+    every kernel source and tile variant. ``time_budget`` (seconds): no case is started after
+    it, and the target says how many it reached and exits as usual, so that a sanitizer run
+    that would outlast its own limit still ends with the tool's summary over what ran (with
+    ``cheapest_first``, as many cases as fit). Prints one line per launch; returns 0 if all is
+    well, else 1."""
     out = out or sys.stdout
     saved = os.environ.get("HIPKERNEL_TUNE")
     os.environ["HIPKERNEL_TUNE"] = "0"
     try:
-        return _sanitize_cases(suites, backend, match, cache, all_configs, judge, cheapest_first, out)
+        return _sanitize_cases(suites, backend, match, cache, all_configs, judge, cheapest_first,
+                               out, time_budget)
     finally:
         if saved is None:
             os.environ.pop("HIPKERNEL_TUNE", None)
@@ -489,7 +496,8 @@ def sanitize_target(suites=("seed", "extended", "coverage", "ragged"), *, backen
             os.environ["HIPKERNEL_TUNE"] = saved
 
 
-def _sanitize_cases(suites, backend, match, cache, all_configs, judge, cheapest_first, out) -> int:
+def _sanitize_cases(suites, backend, match, cache, all_configs, judge, cheapest_first, out,
+                    time_budget=None) -> int:
     from hipkernel.backends import get_backend
 
     be = backend if backend is not None and not isinstance(backend, str) else get_backend(backend)
@@ -504,7 +512,12 @@ def _sanitize_cases(suites, backend, match, cache, all_configs, judge, cheapest_
     print(f"sanitize target: {len(cases)} cases on {be.name} ({be.arch}), cache {cache}, "
           f"HIPKERNEL_TUNE=0", file=out, flush=True)
     bad = launches = 0
-    for case in cases:
+    t0 = _now()
+    for i, case in enumerate(cases):
+        if time_budget is not None and _now() - t0 >= time_budget:
+            print(f"sanitize target: time budget of {time_budget:g} s reached after {i} of "
+                  f"{len(cases)} cases ({launches} calls)", file=out, flush=True)
+            break
         inputs = make_inputs(case)
         supported = _supported(case)
         configs = [_case_config(case)]  # None: the default config (HIPKERNEL_TUNE=0)
@@ -619,6 +632,9 @@ def main(argv=None) -> int:
                     help="--sanitize-target: also run every autotune candidate config")
     ap.add_argument("--cheapest-first", action="store_true",
                     help="--sanitize-target: run the cases in order of cost (visible pairs x heads)")
+    ap.add_argument("--time-budget", type=float, default=None, metavar="S",
+                    help="--sanitize-target: start no case after S seconds, say how many ran, "
+                         "and exit as usual (so the sanitizer prints its summary)")
     ap.add_argument("--judge", action="store_true",
                     help="--sanitize-target: also compare with the fp64 reference")
     ap.add_argument("--fuzz-n", type=int, default=500, help="--run: fuzz examples (default 500)")
@@ -629,6 +645,8 @@ def main(argv=None) -> int:
                     help="--run: parsed compute-sanitizer logs to include in the record")
     ap.add_argument("--out", default=None, help="--run: directory for reliability-h200.json")
     args = ap.parse_args(argv)
+    if args.time_budget is not None and not args.time_budget > 0:
+        ap.error(f"--time-budget: expected seconds > 0, got {args.time_budget:g}")
     suites = [s for s in args.suites.split(",") if s]
 
     if args.print_sanitizer_script:
@@ -642,7 +660,7 @@ def main(argv=None) -> int:
     if args.sanitize_target:
         return sanitize_target(suites, backend=args.backend, match=args.match, cache=args.cache,
                                all_configs=args.all_configs, judge=args.judge,
-                               cheapest_first=args.cheapest_first)
+                               cheapest_first=args.cheapest_first, time_budget=args.time_budget)
 
     from hipkernel import record
     from hipkernel.backends import get_backend

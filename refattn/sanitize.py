@@ -45,6 +45,9 @@ _TARGET_ERROR = "Target application returned an error"
 # per-launch lines of a target that prints them (hipkernel.reliability's sanitize target)
 _LAUNCH_OK = re.compile(r"^  ok  ", re.M)
 _LAUNCH_BAD = re.compile(r"^  BAD ", re.M)
+# a target that stops at its own time budget says so (hipkernel.reliability's sanitize target),
+# so that the tool finishes and prints its summary over the launches it made
+_BUDGET_STOP = re.compile(r"time budget of [\d.]+ s reached after (\d+) of (\d+) cases")
 
 
 def parse_sanitizer_summary(text: str, tool: str | None = None) -> dict:
@@ -56,7 +59,9 @@ def parse_sanitizer_summary(text: str, tool: str | None = None) -> dict:
     ``--leak-check full``); and ``Target application returned an error`` when the target
     exited non-zero. Summaries of several processes are summed. ``ok`` needs at least one
     summary (a log without one means the tool or the target died), zero errors, hazards,
-    warnings and leaked bytes, and no target error or ``Program hit`` API error."""
+    warnings and leaked bytes, and no target error or ``Program hit`` API error.
+    ``target_cases`` is how many of its cases a target with a time budget reached (it said
+    so), else None: the summary then covers those cases' launches only.""" 
     errs = [int(n) for n in _ERROR_SUMMARY.findall(text)]
     races = [tuple(map(int, m)) for m in _RACE_SUMMARY.findall(text)]
     leaks = [tuple(map(int, m)) for m in _LEAK_SUMMARY.findall(text)]
@@ -72,6 +77,7 @@ def parse_sanitizer_summary(text: str, tool: str | None = None) -> dict:
     launches_ok = len(_LAUNCH_OK.findall(text))
     launches_bad = len(_LAUNCH_BAD.findall(text))
     traceback_seen = "Traceback (most recent call last)" in text
+    budget = _BUDGET_STOP.search(text)
     problems = []
     if n_summaries == 0:
         problems.append("no ERROR/RACECHECK SUMMARY line: the tool or the target did not finish")
@@ -97,6 +103,9 @@ def parse_sanitizer_summary(text: str, tool: str | None = None) -> dict:
         "summaries": n_summaries, "target_error": target_error, "program_hits": hits,
         "first_reports": _REPORT.findall(text)[:10], "problems": problems, "ok": not problems,
         "launches_ok": launches_ok, "launches_bad": launches_bad, "traceback": traceback_seen,
+        # the cases the target reached before its time budget (None: it ran them all)
+        "target_cases": ({"run": int(budget.group(1)), "of": int(budget.group(2))}
+                         if budget else None),
     }
 
 

@@ -607,6 +607,35 @@ why = "costs the least"
     assert costs == sorted(costs)
 
 
+def test_sanitize_target_stops_at_its_time_budget_and_says_so(suite_dir, capsys, monkeypatch):
+    """With a time budget the target starts no case after it, prints how many it reached,
+    and exits as usual; the parsed log then carries the tool's summary over those launches and
+    ``target_cases``. Without one it runs every case and the parse says nothing of a budget."""
+    suite_dir("tiny", TINY_SUITE)
+    n = len(reliability.load_suites(["tiny"]))
+    clock = iter(range(0, 1000, 10))  # each look at the clock is 10 s later: cases at 10, 20
+    real_clock = reliability._now
+    monkeypatch.setattr(reliability, "_now", lambda: float(next(clock)))
+    assert reliability.sanitize_target(["tiny"], backend=ModelBackend(), time_budget=25) == 0
+    out = capsys.readouterr().out
+    assert f"time budget of 25 s reached after 2 of {n} cases" in out
+    ran = {line.split()[1] for line in out.splitlines() if line.startswith("  ok")}
+    assert len({r.split("/")[1] for r in ran}) == 2
+    log = out + "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n"
+    parsed = reliability.parse_sanitizer_summary(log)
+    assert parsed["ok"] and parsed["target_cases"] == {"run": 2, "of": n}
+    monkeypatch.setattr(reliability, "_now", real_clock)
+    assert reliability.sanitize_target(["tiny"], backend=ModelBackend()) == 0
+    whole = capsys.readouterr().out + "========= ERROR SUMMARY: 0 errors\n"
+    assert "time budget" not in whole and reliability.parse_sanitizer_summary(whole)["target_cases"] is None
+
+
+def test_time_budget_must_be_positive(capsys):
+    with pytest.raises(SystemExit):
+        reliability.main(["--sanitize-target", "--time-budget", "0"])
+    assert "--time-budget: expected seconds > 0, got 0" in capsys.readouterr().err
+
+
 def test_sanitize_target_fails_on_a_broken_kernel(suite_dir, capsys):
     suite_dir("tiny", TINY_SUITE)
     assert reliability.sanitize_target(["tiny"], backend=LazyBackend()) == 1
