@@ -353,6 +353,63 @@ def collect(records: Path, reliability: Path, scaling: Path | None, out: Path) -
     return sorted(staged)
 
 
+# What --add takes on its own, beside the committed records of the same source: a record
+# that no other record depends on.
+ADDABLE = ("torch-h200.json", "bench-h200.json", "measure-h200.json")
+
+
+def add(paths, out: Path) -> list[str]:
+    """Complete the committed records in ``out`` from a later run on the same source, without
+    re-running the rest: each path is a stamped record named in ``ADDABLE`` (written as it
+    is), or scripts/mma_check.py's JSON of the configs the committed kill-matrix record did
+    not reach (merged into MMA_CHECK_RECORD: one source, configs it does not hold yet). Each
+    must be a passing run of the current source. Raises ValueError, writing nothing, else.
+    Returns the names written."""
+    out = Path(out)
+    staged: dict[str, dict] = {}
+    for path in map(Path, paths):
+        raw = _load(path, "add")
+        if "kind" in raw:  # a stamped record
+            if path.name not in ADDABLE:
+                raise ValueError(f"add: {path.name} is not one of {', '.join(ADDABLE)} (the "
+                                 f"others come together from one run: --collect)")
+            problems = check_record(raw)
+            if problems:
+                raise ValueError(f"add: {path}: " + "; ".join(problems))
+            staged[path.name] = raw
+            continue
+        committed = staged.get(MMA_CHECK_RECORD) or _load(out / MMA_CHECK_RECORD, "add")
+        h, current = raw.get("kernel_source_hash"), source_hash()
+        if h != committed.get("kernel_source_hash") or h != current:
+            raise ValueError(f"add: {path} is a run of kernel source {str(h)[:12]}; "
+                             f"{MMA_CHECK_RECORD} holds {str(committed.get('kernel_source_hash'))[:12]}, "
+                             f"the tree is {current[:12]}")
+        km = raw.get("mutants")
+        if not isinstance(km, dict) or not km:
+            raise ValueError(f"add: {path} holds no kill matrix (its mutants section is {km!r})")
+        twice = sorted(set(km) & set(committed.get("mutants") or {}))
+        if twice:
+            raise ValueError(f"add: {MMA_CHECK_RECORD} holds {', '.join(twice)} already")
+        rec = dict(committed)
+        rec["mutants"] = {**committed["mutants"], **km}
+        runs = rec.get("runs") or [{"file": "mma_check.json", "configs": list(committed["mutants"])}]
+        rec["runs"] = [*runs, {"file": path.name, "configs": list(km), "date": _dt.datetime.now(
+            _dt.timezone.utc).isoformat(timespec="seconds"), "added_by": "python -m hipkernel.record --add"}]
+        # the plan: the committed record's (or what it ran and did not run), and the new run's
+        planned = list(committed.get("mutants_planned")
+                       or [*committed["mutants"], *(committed.get("configs_not_run") or [])])
+        planned += [c for c in [*km, *(raw.get("mutants_planned") or [])] if c not in planned]
+        rec["configs_not_run"] = [c for c in planned if c not in rec["mutants"]]
+        rec["ok"] = all(isinstance(v, dict) and v.get("ok") is True for v in rec["mutants"].values())
+        if not rec["ok"]:
+            raise ValueError(f"add: {path}: a kill matrix in it failed")
+        staged[MMA_CHECK_RECORD] = rec
+    out.mkdir(parents=True, exist_ok=True)
+    for name, rec in staged.items():
+        atomic_write_text(out / name, json.dumps(rec, indent=1) + "\n")
+    return sorted(staged)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m hipkernel.record",
@@ -360,7 +417,8 @@ def main(argv=None) -> int:
                     "them from the H200 runs' outputs.",
         epilog="examples:\n  python -m hipkernel.record --check reports/gpu\n"
                "  python -m hipkernel.record --collect d/rec d/rel d/scaling.json\n"
-               "  python -m hipkernel.record --collect d/rec d/rel   # one GPU: scaling carried",
+               "  python -m hipkernel.record --collect d/rec d/rel   # one GPU: scaling carried\n"
+               "  python -m hipkernel.record --add d/torch-h200.json d2/mma_check.json",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", type=Path, default=Path("reports/gpu"), metavar="DIR",
                     help="directory of GPU records (default: reports/gpu)")
@@ -370,7 +428,21 @@ def main(argv=None) -> int:
                          "and, when it was run (two GPUs), the JSON "
                          "of python -m hipkernel.scaling (else the scaling record there is "
                          "carried), then check them")
+    ap.add_argument("--add", nargs="+", type=Path, metavar="JSON",
+                    help="complete the --check directory's records from a later run of the same "
+                         "source: a torch, bench or measure record as it is, or the JSON of "
+                         "scripts/mma_check.py for the configs the kill-matrix record did not "
+                         "reach (merged into it); then check them")
     args = ap.parse_args(argv)
+    if args.collect and args.add:
+        ap.error("--collect and --add: one at a time (--collect writes a whole run's records)")
+    if args.add:
+        try:
+            written = add(args.add, args.check)
+        except ValueError as e:
+            print(f"GPU records: not added: {e}", file=sys.stderr)
+            return 1
+        print(f"GPU records: wrote {', '.join(written)} into {args.check}")
     if args.collect:
         if len(args.collect) not in (2, 3):
             ap.error(f"--collect takes RECORDS RELIABILITY [SCALING], got {len(args.collect)} "

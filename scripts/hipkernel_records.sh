@@ -21,8 +21,10 @@
 # (mutants_planned). A later run on the same source completes them, its JSON beside the first:
 #   python3 scripts/mma_check.py --sections mutants --configs REST --jobs 14 --out d2
 #   cp d2/mma_check.json rec/mma_check-2.json
-# (the collect below merges them; a config it never reached is listed as not run). Then, where
-# the records are collected:
+# (the collect below merges them; a config it never reached is listed as not run). Once the
+# records are committed, `python -m hipkernel.record --add d2/mma_check.json` merges such a run
+# into them, and `--add rel/torch-h200.json` (or bench, measure) adds a record of the same
+# source that a later call made. Then, where the records are collected:
 #   mkdir d && tar xzf records.tgz -C d && python -m hipkernel.record --collect d/rec d/rel
 # (add the JSON of `python -m hipkernel.scaling` as a third argument when two GPUs ran it).
 #   OUT=dir bash scripts/hipkernel_records.sh

@@ -347,3 +347,52 @@ def test_collect_refuses_stale_failing_or_missing_outputs_and_writes_nothing(tmp
     assert "not collected: records:" in capsys.readouterr().err
     assert [p.name for p in out.iterdir()] == ["h200.json"]
     assert (out / "h200.json").read_text() == "the committed record\n"
+
+
+def test_add_completes_the_committed_records_from_a_later_run_of_the_same_source(tmp_path, capsys):
+    """--add: a torch record of the current source is written as it is; mma_check's JSON of
+    the configs the committed kill-matrix record did not reach is merged into it (configs_not_run
+    shrinks, the run is listed). Another source's run, a config held already, a failing kill
+    matrix or a record that comes with a whole run is refused, and nothing is written."""
+    from hipkernel import api
+
+    rec_dir, rel_dir, scaling = _device_outputs(tmp_path)
+    h = record.source_hash()
+    (rec_dir / "mma_check.json").write_text(json.dumps({
+        "kernel_source_hash": h, "mutants_planned": ["mma_m4_b64", "wgspan_m4_b136_p8_q4"],
+        "mutants": {"mma_m4_b64": {"ok": True}}}))
+    (rel_dir / "torch-h200.json").unlink()
+    out = tmp_path / "gpu"
+    record.collect(rec_dir, rel_dir, scaling, out)
+    assert record.incomplete_in(out)
+
+    torch_rec = record.stamp("torch", "NVIDIA H200", {"results": [], "checks": {}}, True,
+                             kernel="hipkernel-torch")
+    assert torch_rec["kernel_source_hash"] == api.torch_source_hash()
+    (tmp_path / "torch-h200.json").write_text(json.dumps(torch_rec))
+    (tmp_path / "more.json").write_text(json.dumps({
+        "kernel_source_hash": h, "mutants": {"wgspan_m4_b136_p8_q4": {"ok": True}}}))
+    assert record.main(["--check", str(out), "--add", str(tmp_path / "torch-h200.json"),
+                        str(tmp_path / "more.json")]) == 0
+    assert "wrote mma-check-h200.json, torch-h200.json" in capsys.readouterr().out
+    mc = json.loads((out / "mma-check-h200.json").read_text())
+    assert list(mc["mutants"]) == ["mma_m4_b64", "wgspan_m4_b136_p8_q4"] and mc["configs_not_run"] == []
+    assert [r["file"] for r in mc["runs"]] == ["mma_check.json", "more.json"] and mc["ok"]
+    assert record.incomplete_in(out) == [] and (out / "torch-h200.json").exists()
+
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    refused = [({"kernel_source_hash": "0" * 64, "mutants": {"x": {"ok": True}}}, "a run of kernel source 000000000000"),
+               ({"kernel_source_hash": h, "mutants": {"mma_m4_b64": {"ok": True}}}, "holds mma_m4_b64 already"),
+               ({"kernel_source_hash": h, "mutants": {"y": {"ok": False}}}, "a kill matrix in it failed")]
+    for doc, words in refused:
+        (tmp_path / "bad.json").write_text(json.dumps(doc))
+        with pytest.raises(ValueError, match=words):
+            record.add([tmp_path / "bad.json"], out)
+    (tmp_path / "h200.json").write_text((out / "h200.json").read_text())
+    with pytest.raises(ValueError, match="h200.json is not one of"):
+        record.add([tmp_path / "h200.json"], out)
+    stale = dict(torch_rec, kernel_source_hash=h)
+    (tmp_path / "torch-h200.json").write_text(json.dumps(stale))
+    with pytest.raises(ValueError, match="stale"):
+        record.add([tmp_path / "torch-h200.json"], out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
