@@ -250,12 +250,12 @@ def _load(path: Path, what: str) -> dict:
     return rec
 
 
-def _merged_mma_checks(records: Path) -> tuple[dict, list[str]]:
+def _merged_mma_checks(records: Path) -> dict:
     """The kill matrices of every ``mma_check*.json`` in ``records`` as one: the first run's
     ``mma_check.json``, then runs that completed it (``mma_check-<n>.json``, made with
     ``--configs`` set to what it did not reach). Each must carry the same kernel source hash
     and force configs no other run forced. Returns the merged JSON (with ``runs``, each
-    file's configs, when there are several) and the names of the files."""
+    file's configs, when there are several)."""
     paths = [records / "mma_check.json"] + sorted(records.glob("mma_check-*.json"))
     raws = [(p, _load(p, "records")) for p in paths]
     hashes = {p.name: raw.get("kernel_source_hash") for p, raw in raws}
@@ -281,7 +281,7 @@ def _merged_mma_checks(records: Path) -> tuple[dict, list[str]]:
         merged["configs_not_run"] = [c for c in planned if c not in mutants]
     if len(runs) > 1:
         merged["runs"] = runs
-    return merged, [p.name for p, _ in raws]
+    return merged
 
 
 def _mma_check_record(raw: dict, matrix: dict, path: Path) -> dict:
@@ -334,8 +334,8 @@ def collect(records: Path, reliability: Path, scaling: Path | None, out: Path) -
                + ([(SCALING_RECORD, Path(scaling), "scaling")] if scaling is not None else []))
     staged = {name: _load(path, what) for name, path, what in sources}
     matrix_run = _load(records / "h200.json", "records")  # the run mma_check.json belongs to
-    checks, _ = _merged_mma_checks(records)
-    staged[MMA_CHECK_RECORD] = _mma_check_record(checks, matrix_run, records / "mma_check.json")
+    staged[MMA_CHECK_RECORD] = _mma_check_record(_merged_mma_checks(records), matrix_run,
+                                                 records / "mma_check.json")
     current = source_hash()
     staged_runs = [*staged.items(), ("records/h200.json", matrix_run)]
     problems = [f"{name}: {p}" for name, rec in staged_runs

@@ -61,7 +61,7 @@ def parse_sanitizer_summary(text: str, tool: str | None = None) -> dict:
     summary (a log without one means the tool or the target died), zero errors, hazards,
     warnings and leaked bytes, and no target error or ``Program hit`` API error.
     ``target_cases`` is how many of its cases a target with a time budget reached (it said
-    so), else None: the summary then covers those cases' launches only.""" 
+    so), else None: the summary then covers those cases' launches only."""
     errs = [int(n) for n in _ERROR_SUMMARY.findall(text)]
     races = [tuple(map(int, m)) for m in _RACE_SUMMARY.findall(text)]
     leaks = [tuple(map(int, m)) for m in _LEAK_SUMMARY.findall(text)]
