@@ -11,8 +11,9 @@
 # fuzz-gpus2.json, run-gpus1.json, run-gpus2.json, run-third-gpus{1,2}.json, warmup.json,
 # scaling.json (hipkernel.scaling.wheel_runs_body: the host facts, each command's wall time
 # and exit status, per pair the speed-up against its target and, for the matrix runs, whether
-# the merged two-GPU results equal the one-GPU results case for case, with the per-test
-# slowdown) and scaling.log (their output).
+# the merged two-GPU results equal the one-GPU results case for case (their outcomes; and
+# their relL2, or which cases a re-tuned config rounded otherwise), with the per-test slowdown)
+# and scaling.log (their output).
 # The host may be offline: the wheel is built without build isolation ($PYTHON's setuptools
 # and wheel; where they cannot build it, with isolation, which needs the package index)
 # and installed without its dependencies into a venv whose path ends with $PYTHON's

@@ -506,11 +506,16 @@ def test_compare_case_runs_finds_every_case_that_differs_and_the_per_test_slowdo
                      ("seed", "a", "pass", 1e-4, 1.1)])
     res = SC.compare_case_runs(one, same)  # the merge's order is not the cases' identity
     assert res == {"cases": 3, "equal": True, "differ": [], "n_differ": 0,
+                   "rel_l2_identical": True, "rel_l2_differ": [],
                    "per_test_slowdown": pytest.approx(1.1)}
+    retuned = _run_doc([("seed", "a", "pass", 1.5e-4, 1.0), ("seed", "b", "pass", 2e-4, 2.0),
+                        ("ragged", "c", "declined", None, 0.5)])
+    res = SC.compare_case_runs(one, retuned)  # another tuned config: other rounding, same verdicts
+    assert res["equal"] and not res["rel_l2_identical"] and res["rel_l2_differ"] == ["seed/a"]
     other = _run_doc([("seed", "a", "pass", 1.5e-4, 1.0), ("seed", "b", "fail", 2e-4, 2.0),
                       ("seed", "d", "pass", 0.0, 1.0)])
     res = SC.compare_case_runs(one, other)
-    assert not res["equal"] and res["differ"] == ["ragged/c", "seed/a", "seed/b", "seed/d"]
+    assert not res["equal"] and res["differ"] == ["ragged/c", "seed/d", "seed/b"]
     assert not SC.compare_case_runs(_run_doc([]), _run_doc([]))["equal"]  # nothing compared
 
 
