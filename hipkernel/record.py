@@ -250,31 +250,36 @@ def _load(path: Path, what: str) -> dict:
     return rec
 
 
-def _merged_mma_checks(records: Path) -> dict:
-    """The kill matrices of every ``mma_check*.json`` in ``records`` as one: the first run's
-    ``mma_check.json``, then runs that completed it (``mma_check-<n>.json``, made with
-    ``--configs`` set to what it did not reach). Each must carry the same kernel source hash
-    and force configs no other run forced. Returns the merged JSON (with ``runs``, each
-    file's configs, when there are several)."""
-    paths = [records / "mma_check.json"] + sorted(records.glob("mma_check-*.json"))
-    raws = [(p, _load(p, "records")) for p in paths]
-    hashes = {p.name: raw.get("kernel_source_hash") for p, raw in raws}
-    if len(set(hashes.values())) > 1:
-        raise ValueError(f"records: the kill-matrix runs are of different kernel sources: "
-                         f"{', '.join(f'{n} {str(h)[:12]}' for n, h in hashes.items())}")
-    merged = dict(raws[0][1])
-    mutants, planned, runs = {}, [], []
-    for p, raw in raws:
+def _merge_kill_matrices(base: dict, more, what: str) -> dict:
+    """``base`` (scripts/mma_check.py's JSON, or a kill-matrix record made of it) with the kill
+    matrices of ``more``, ``(file name, mma_check JSON)`` runs of the same kernel source that
+    force configs ``base`` does not hold. The plan is ``base``'s (``mutants_planned``, or what
+    it ran and listed as not run) and each run's; ``configs_not_run`` is what no run reached,
+    and ``runs`` says which file gave which configs. Raises ValueError (``what``: who asks)
+    on an empty kill matrix, another source or a config forced twice."""
+    merged = dict(base)
+    mutants = dict(base.get("mutants") or {})
+    if not mutants:
+        raise ValueError(f"{what}: the first run holds no kill matrix")
+    planned = list(base.get("mutants_planned")
+                   or ([*mutants, *base["configs_not_run"]] if base.get("configs_not_run") else []))
+    runs = list(base.get("runs") or [{"file": "mma_check.json", "configs": list(mutants)}])
+    for name, raw in more:
         km = raw.get("mutants")
         if not isinstance(km, dict) or not km:
-            raise ValueError(f"records: {p} holds no kill matrix (its mutants section is {km!r})")
+            raise ValueError(f"{what}: {name} holds no kill matrix (its mutants section is {km!r})")
+        if raw.get("kernel_source_hash") != base.get("kernel_source_hash"):
+            raise ValueError(f"{what}: {name} is a run of kernel source "
+                             f"{str(raw.get('kernel_source_hash'))[:12]}, the first of "
+                             f"{str(base.get('kernel_source_hash'))[:12]}")
         twice = sorted(set(km) & set(mutants))
         if twice:
-            raise ValueError(f"records: {p} forces {', '.join(twice)} again: each config's kill "
-                             f"matrix comes from one run")
+            raise ValueError(f"{what}: {name} forces {', '.join(twice)} again: each config's "
+                             f"kill matrix comes from one run")
         mutants.update(km)
-        planned += [c for c in raw.get("mutants_planned") or [] if c not in planned]
-        runs.append({"file": p.name, "configs": list(km)})
+        if planned or raw.get("mutants_planned"):
+            planned += [c for c in [*km, *(raw.get("mutants_planned") or [])] if c not in planned]
+        runs.append({"file": name, "configs": list(km)})
     merged["mutants"] = mutants
     if planned:
         merged["mutants_planned"] = planned
@@ -282,6 +287,15 @@ def _merged_mma_checks(records: Path) -> dict:
     if len(runs) > 1:
         merged["runs"] = runs
     return merged
+
+
+def _merged_mma_checks(records: Path) -> dict:
+    """The kill matrices of every ``mma_check*.json`` in ``records`` as one: the first run's
+    ``mma_check.json``, then runs that completed it (``mma_check-<n>.json``, made with
+    ``--configs`` set to what it did not reach), merged by ``_merge_kill_matrices``."""
+    more = sorted(records.glob("mma_check-*.json"))
+    return _merge_kill_matrices(_load(records / "mma_check.json", "records"),
+                                [(p.name, _load(p, "records")) for p in more], "records")
 
 
 def _mma_check_record(raw: dict, matrix: dict, path: Path) -> dict:
@@ -379,27 +393,12 @@ def add(paths, out: Path) -> list[str]:
             staged[path.name] = raw
             continue
         committed = staged.get(MMA_CHECK_RECORD) or _load(out / MMA_CHECK_RECORD, "add")
-        h, current = raw.get("kernel_source_hash"), source_hash()
-        if h != committed.get("kernel_source_hash") or h != current:
-            raise ValueError(f"add: {path} is a run of kernel source {str(h)[:12]}; "
-                             f"{MMA_CHECK_RECORD} holds {str(committed.get('kernel_source_hash'))[:12]}, "
-                             f"the tree is {current[:12]}")
-        km = raw.get("mutants")
-        if not isinstance(km, dict) or not km:
-            raise ValueError(f"add: {path} holds no kill matrix (its mutants section is {km!r})")
-        twice = sorted(set(km) & set(committed.get("mutants") or {}))
-        if twice:
-            raise ValueError(f"add: {MMA_CHECK_RECORD} holds {', '.join(twice)} already")
-        rec = dict(committed)
-        rec["mutants"] = {**committed["mutants"], **km}
-        runs = rec.get("runs") or [{"file": "mma_check.json", "configs": list(committed["mutants"])}]
-        rec["runs"] = [*runs, {"file": path.name, "configs": list(km), "date": _dt.datetime.now(
-            _dt.timezone.utc).isoformat(timespec="seconds"), "added_by": "python -m hipkernel.record --add"}]
-        # the plan: the committed record's (or what it ran and did not run), and the new run's
-        planned = list(committed.get("mutants_planned")
-                       or [*committed["mutants"], *(committed.get("configs_not_run") or [])])
-        planned += [c for c in [*km, *(raw.get("mutants_planned") or [])] if c not in planned]
-        rec["configs_not_run"] = [c for c in planned if c not in rec["mutants"]]
+        current = source_hash()
+        if committed.get("kernel_source_hash") != current:
+            raise ValueError(f"add: {MMA_CHECK_RECORD} is of kernel source "
+                             f"{str(committed.get('kernel_source_hash'))[:12]}, the tree "
+                             f"{current[:12]} (a new source needs --collect)")
+        rec = _merge_kill_matrices(committed, [(path.name, raw)], "add")
         rec["ok"] = all(isinstance(v, dict) and v.get("ok") is True for v in rec["mutants"].values())
         if not rec["ok"]:
             raise ValueError(f"add: {path}: a kill matrix in it failed")

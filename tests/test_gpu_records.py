@@ -266,7 +266,7 @@ def test_collect_merges_a_kill_matrix_run_that_completed_a_cut_one(tmp_path, cap
         record.collect(rec_dir, rel_dir, scaling, tmp_path / "twice")
     (rec_dir / "mma_check-2.json").write_text(json.dumps({
         "kernel_source_hash": "0" * 64, "mutants": {"wgspan_m4_b136_p8_q4": {"ok": True}}}))
-    with pytest.raises(ValueError, match="different kernel sources"):
+    with pytest.raises(ValueError, match="mma_check-2.json is a run of kernel source 000000000000"):
         record.collect(rec_dir, rel_dir, scaling, tmp_path / "mixed")
     assert not (tmp_path / "twice").exists() and not (tmp_path / "mixed").exists()
 
@@ -382,7 +382,7 @@ def test_add_completes_the_committed_records_from_a_later_run_of_the_same_source
 
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     refused = [({"kernel_source_hash": "0" * 64, "mutants": {"x": {"ok": True}}}, "a run of kernel source 000000000000"),
-               ({"kernel_source_hash": h, "mutants": {"mma_m4_b64": {"ok": True}}}, "holds mma_m4_b64 already"),
+               ({"kernel_source_hash": h, "mutants": {"mma_m4_b64": {"ok": True}}}, "forces mma_m4_b64 again"),
                ({"kernel_source_hash": h, "mutants": {"y": {"ok": False}}}, "a kill matrix in it failed")]
     for doc, words in refused:
         (tmp_path / "bad.json").write_text(json.dumps(doc))
