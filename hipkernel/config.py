@@ -81,7 +81,7 @@ AMD_MMA_ENV = "HIPKERNEL_AMD_MMA"
 MMA_MIN_SM = 80  # mma.sync m16n8k16 f16 with fp32 accumulators, ldmatrix, cp.async
 WGMMA_SM = 90  # wgmma.mma_async: sm_90a code, which runs on compute capability 9.0 only
 WGMMA_TARGET = "sm_90a"
-_WGMMA_M_TILES = (4, 8, 16)  # one, two or four warpgroups of 64 rows
+_WGMMA_M_TILES = (4, 8, 12, 16)  # one to four warpgroups of 64 rows (three: with ws only)
 _WGMMA_BKV = (32, 64, 128)  # the n of the Q.K wgmma
 # wgspan: keys a chunk, one wgmma of n bkv - 8 and one of n 8 (a window of 128 keys and 8
 # positions span 135 keys: one chunk of 136)
@@ -107,8 +107,12 @@ WGMMA_MBAR_MIN_STAGES = 2
 # ws: a producer warpgroup loads the stages (on mbarriers too) and gives its registers to the
 # two consumer warpgroups (setmaxnreg: 216 a consumer thread). One block an SM, so the stages
 # may take most of the 227 KiB: at d = 128, 3 stages of 128-key tiles are 192 KiB.
-WGMMA_WS_M_TILES = (8,)
+WGMMA_WS_M_TILES = (8, 12)
 WGMMA_WS_SMEM_BUDGET = 192 * 1024
+# Three consumer warpgroups (m_tiles 12, ws) read Q from shared memory (``qsmem``; the
+# kernel's QSMEM): at 160 registers a consumer thread Q in registers spilled. Its 64 x d
+# halves a warpgroup come out of the stages' budget.
+WGMMA_QSMEM_M_TILES = (12,)
 # Lazy rescaling on the wgmma path at d = 64: a warp's rows keep their running max (and acc,
 # l stay relative to it) until one row's grows by more than 2^WGMMA_RESCALE_LOG2, so most
 # tiles skip the acc *= alpha of the online softmax (hipkernel.model mirrors it). On the
@@ -156,7 +160,7 @@ class KernelConfig:
     def __post_init__(self):
         # 16 groups (512 threads) only on the wgmma path: a warpgroup per 64 rows
         _check_int("m_tiles", self.m_tiles,
-                   _M_TILES + (16,) if self.path in WGMMA_PATHS else AMD_MMA_M_TILES if self.path in AMD_MMA_WAVE else _M_TILES)
+                   _M_TILES + (12, 16) if self.path in WGMMA_PATHS else AMD_MMA_M_TILES if self.path in AMD_MMA_WAVE else _M_TILES)
         _check_int("bkv", self.bkv, _WGSPAN_BKV if self.path == "wgspan" else _BKV)
         if self.path not in PATHS:
             raise ValueError(f"path: expected one of {PATHS}, got {self.path!r}")
@@ -179,6 +183,9 @@ class KernelConfig:
         if self.ws and (self.path != "wgmma" or self.m_tiles not in WGMMA_WS_M_TILES):
             raise ValueError(f"ws: a producer warpgroup needs path 'wgmma' and m_tiles in "
                              f"{WGMMA_WS_M_TILES}, got path {self.path!r}, m_tiles {self.m_tiles}")
+        if self.m_tiles == 12 and not self.ws:
+            raise ValueError(f"m_tiles: 12 (three warpgroups) needs a producer warpgroup (ws), "
+                             f"got path {self.path!r} without ws")
         if self.path in WGMMA_PATHS:
             if self.m_tiles not in _WGMMA_M_TILES:
                 raise ValueError(f"m_tiles: path {self.path!r} computes 64 rows a warpgroup and "
@@ -197,6 +204,16 @@ class KernelConfig:
         every sequence's keys by one row count, so it runs uniform batches only (a ragged
         call refuses it, and the tuner does not offer it there)."""
         return self.ws
+
+    @property
+    def qsmem(self) -> bool:
+        """Whether the wgmma kernel reads Q from shared memory (the kernel's QSMEM): the
+        three consumer warpgroups with a producer (``WGMMA_QSMEM_M_TILES``)."""
+        return self.path == "wgmma" and self.ws and self.m_tiles in WGMMA_QSMEM_M_TILES
+
+    def _q_smem_bytes(self, d: int) -> int:
+        # QSMEM: a 64-row Q tile of d halves a warpgroup
+        return self.m_tiles // 4 * 64 * d * 2 if self.qsmem else 0
 
     @property
     def block_rows(self) -> int:
@@ -298,13 +315,14 @@ class KernelConfig:
     def kv_stages(self, d: int) -> int:
         """K/V tile buffers of the kernel: the mma path double-buffers (cp.async) when two
         stages fit in static shared memory; the wgmma path keeps as many as fit in
-        WGMMA_SMEM_BUDGET (WGMMA_WS_SMEM_BUDGET with ws), up to WGMMA_MAX_STAGES; the scalar,
+        WGMMA_SMEM_BUDGET (WGMMA_WS_SMEM_BUDGET with ws, less the Q tiles of ``qsmem``), up to
+        WGMMA_MAX_STAGES; the scalar,
         wmma and mfma paths have one."""
         if self.path == "scalar" or self.path in AMD_MMA_WAVE:
             return 1
         if self.path in WGMMA_PATHS:
             most = WGSPAN_MAX_STAGES if self.path == "wgspan" else WGMMA_MAX_STAGES
-            return max(1, min(most, self._smem_limit // self._kv_tile_bytes(d)))
+            return max(1, min(most, (self._smem_limit - self._q_smem_bytes(d)) // self._kv_tile_bytes(d)))
         return 2 if 2 * self._kv_tile_bytes(d) <= SMEM_LIMIT else 1
 
     @property
@@ -348,7 +366,10 @@ class KernelConfig:
         if self.path != "wgmma":
             return 0
         ones = WGMMA_ONES_BYTES if self.rowsum_mma(d) else 0
-        return stages * (self._kv_tile_bytes(d) + 16) + ones + (16 if self.ws else 0)
+        used = stages * (self._kv_tile_bytes(d) + 16) + ones + (16 if self.ws else 0)
+        if self.qsmem:  # the Q tiles after the barriers, 1024-byte aligned (the kernel's Q_AT)
+            return -(-used // 1024) * 1024 + self._q_smem_bytes(d)
+        return used
 
     def rescale_log2(self, d: int) -> int:
         """The lazy-rescaling threshold at head dim ``d`` (``WGMMA_RESCALE_LOG2`` on the
@@ -367,7 +388,7 @@ class KernelConfig:
         of static memory; on the wgmma path, its minimum of K/V stages in its budget: 2 on
         mbarriers (four warpgroups, or ws), else 1; on the wgspan path one round buffer)."""
         if self.path in WGMMA_PATHS:
-            return self._wgmma_min_stages * self._kv_tile_bytes(d) <= self._smem_limit
+            return self._wgmma_min_stages * self._kv_tile_bytes(d) + self._q_smem_bytes(d) <= self._smem_limit
         return self.smem_bytes(d) <= self._smem_limit
 
     @property
@@ -409,6 +430,8 @@ class KernelConfig:
             defines["WAVE"] = self.wave
         if self.ws:
             defines["WS"] = 1
+        if self.qsmem:
+            defines["QSMEM"] = 1
         if self.rescale_log2(d):
             defines["RESCALE_LOG2"] = self.rescale_log2(d)
         if self.rowsum_mma(d):
@@ -485,8 +508,18 @@ WALK_HEAD_DIMS = (64,)
 # One warpgroup a block (m4) ran 1.4-1.8x slower than two (twice the K/V traffic per row).
 # With 128 registers a thread (m16 at d = 64: 512 threads, one block an SM) 128-key tiles
 # spill; at m8 they take ~210 registers and one block an SM, slower than 64-key ones.
-WGMMA_BY_HEAD_DIM = {64: KernelConfig(16, 64, "wgmma"), 128: KernelConfig(8, 128, "wgmma", ws=True)}
-WGMMA_CANDIDATES = tuple(WGMMA_BY_HEAD_DIM.values())
+# At d = 64 the tuner also times three consumer warpgroups on 128-key tiles with a TMA
+# producer, Q in shared memory (qsmem) and the intra-warpgroup overlap: 192 rows a block. On
+# an H100 (hipkernel.ab, same process, bit-identical across its stage counts) it ran 16384@0
+# in 4.62 ms against 4.80 for m16_b64, B4 4096@4096 3.54 against 3.62, 128@8192 0.0886
+# against 0.1061, 2048@14336 level (1.16-1.17), and 512@8192 0.213 against 0.154 (192 blocks
+# for 132 SMs): so a candidate beside m16_b64, not in its place.
+WGMMA_TILES = {64: (KernelConfig(16, 64, "wgmma"), KernelConfig(12, 128, "wgmma", ws=True)),
+               128: (KernelConfig(8, 128, "wgmma", ws=True),)}
+# The first tile of each head dim: the one the mutant builds, the model tests and the
+# sanitizers' default wgmma runs use.
+WGMMA_BY_HEAD_DIM = {d: tiles[0] for d, tiles in WGMMA_TILES.items()}
+WGMMA_CANDIDATES = tuple(c for tiles in WGMMA_TILES.values() for c in tiles)
 
 # wgspan (kernels/gqa_flash_prefill_wgspan.hip): under a window, a warpgroup's 64 rows are 8
 # positions of the 8 heads of a KV head, and their keys one chunk of 136 starting at the first
@@ -608,8 +641,8 @@ def candidates(arch: str, d: int | None = None, G: int | None = None,
     (CDNA) configs when ``$HIPKERNEL_AMD_MMA`` is 1 (``amd_mma_enabled``), plus the mma
     configs on NVIDIA sm_80+, plus the 32-rows-a-warp mma configs where ``d`` is in
     ``WIDE_HEAD_DIMS``, plus the packed mma configs that ``G`` allows (and where ``d`` is in
-    ``WALK_HEAD_DIMS``, the same walking 4 Q tiles a block), plus the wgmma config of ``d``
-    on sm_90, plus there the wgspan configs that ``G`` allows at a ``d`` in
+    ``WALK_HEAD_DIMS``, the same walking 4 Q tiles a block), plus the wgmma tiles of ``d``
+    (``WGMMA_TILES``) on sm_90, plus there the wgspan configs that ``G`` allows at a ``d`` in
     ``WGSPAN_HEAD_DIMS`` for a window that spans one of their chunks. ``d=None`` /
     ``G=None`` / ``window=None``: every config the target can run at some head dim / some G
     / some window (for fuzzing, sanitizer sweeps and the build check; ``KernelConfig.fits``,
@@ -623,8 +656,8 @@ def candidates(arch: str, d: int | None = None, G: int | None = None,
     wide = MMA_WIDE_CANDIDATES if d is None or d in WIDE_HEAD_DIMS else ()
     if not has_wgmma(arch):
         wg = ()
-    else:  # the tile that wins at this head dim (see WGMMA_CANDIDATES)
-        wg = WGMMA_CANDIDATES if d is None else tuple(c for c in (WGMMA_BY_HEAD_DIM.get(d),) if c)
+    else:  # the tiles that win at this head dim (see WGMMA_TILES)
+        wg = WGMMA_CANDIDATES if d is None else WGMMA_TILES.get(d, ())
     walking = MMA_WALK_CANDIDATES if d is None or d in WALK_HEAD_DIMS else ()
     packed = tuple(c for c in MMA_PACK_CANDIDATES + walking if G is None or c.supports(G))
     span = tuple(c for c in WGSPAN_CANDIDATES if has_wgmma(arch) and (d is None or d in WGSPAN_HEAD_DIMS)

@@ -46,7 +46,7 @@ import numpy as np
 from hipkernel import api
 from hipkernel.autotune import tune_key
 from hipkernel.config import (CANDIDATES, DEFAULT, HEAD_DIMS, MMA_DEFAULT, MMA_PACK_CANDIDATES,
-                              MMA_WALK_CANDIDATES, MMA_WIDE_CANDIDATES, WGMMA_BY_HEAD_DIM,
+                              MMA_WALK_CANDIDATES, MMA_WIDE_CANDIDATES, WGMMA_TILES,
                               WGSPAN_CANDIDATES, WGSPAN_HEAD_DIMS, WIDE_HEAD_DIMS, KernelConfig,
                               candidates, config_from_name, has_mma, has_wgmma)
 from refattn.args import check_attention_args
@@ -476,7 +476,7 @@ def sanitize_target(suites=("seed", "extended", "coverage", "ragged"), *, backen
     finite (``judge``: and pass the derived gate); a declined one must return -1 with the
     buffer byte-identical. On a target with tensor cores every supported case also runs
     the mma path's default config (and, at d = 64, its 32-rows-a-warp config; and where its
-    G > 1, the packed config at the most packing G allows), and on sm_90 the wgmma config of
+    G > 1, the packed config at the most packing G allows), and on sm_90 the wgmma tiles of
     its head dim (and at d = 64 the wgspan config, packed as G allows), so the sanitizer sees
     every kernel source and tile variant. ``time_budget`` (seconds): no case is started after
     it, and the target says how many it reached and exits as usual, so that a sanitizer run
@@ -531,7 +531,7 @@ def _sanitize_cases(suites, backend, match, cache, all_configs, judge, cheapest_
                 configs.append(packed)
             configs.append(MMA_WALK_CANDIDATES[-1].for_group(G))  # and walking Q tiles
             if has_wgmma(be.arch):
-                configs.append(WGMMA_BY_HEAD_DIM[case.d])
+                configs += WGMMA_TILES[case.d]
                 if case.d in WGSPAN_HEAD_DIMS:  # and the window tile
                     configs.append(WGSPAN_CANDIDATES[0].for_group(G))
         if all_configs and supported:

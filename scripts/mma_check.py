@@ -88,6 +88,8 @@ class ForcedKernel(HipKernel):
             # a producer where it fits; its TMA copies bound every sequence by one key count,
             # so a ragged case runs the same tiles without it (hipkernel.api refuses the pair)
             c["ws"] = self.cfg.ws and c["m_tiles"] in WGMMA_WS_M_TILES and not inputs.ragged
+            if c["m_tiles"] == 12 and not c["ws"]:  # three warpgroups need the producer: two
+                c["m_tiles"] = 8
         if c["path"] == "wgspan":  # its own chunk sizes: the config's tiles
             c["m_tiles"], c["bkv"] = self.cfg.m_tiles, self.cfg.bkv
         if c["path"] in AMD_MMA_WAVE:  # a wave per 16 rows: the case's tiles where allowed

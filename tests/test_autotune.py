@@ -125,7 +125,7 @@ def test_sweep_covers_the_targets_candidates():
     (the model of the work prunes them there); elsewhere only the scalar configs run. The
     winner of an sm_90 key may be an mma config."""
     from hipkernel.config import (MMA_CANDIDATES, MMA_PACK_CANDIDATES, MMA_WALK_CANDIDATES,
-                                  MMA_WIDE_CANDIDATES, WGMMA_BY_HEAD_DIM, candidates)
+                                  MMA_WIDE_CANDIDATES, WGMMA_TILES, candidates)
 
     fastest = MMA_CANDIDATES[1]
     path_of = {api.kernel_source(p): p for p in api.KERNEL_FILES}
@@ -144,13 +144,13 @@ def test_sweep_covers_the_targets_candidates():
     n_mma = (len(MMA_CANDIDATES) + len(MMA_WIDE_CANDIDATES) + len(MMA_PACK_CANDIDATES)
              + len(MMA_WALK_CANDIDATES))  # G = 8, d = 64
     n_cands = len(candidates("sm_90", 64, GEOM["Hq"] // GEOM["Hkv"], -1))  # no window: no wgspan
-    assert n_cands == len(CANDIDATES) + n_mma + 1
+    assert n_cands == len(CANDIDATES) + n_mma + len(WGMMA_TILES[64])
     n_timed = n_cands - len(CANDIDATES)
     # one compile per candidate probed, one per finalist timed in full, then the chosen one's
     assert len(sources) == n_timed + len(TUNER.choices()[0]["times_ms"]) + 1
-    assert sources[:n_timed] == ["mma"] * n_mma + ["wgmma"], sources
+    assert sources[:n_timed] == ["mma"] * n_mma + ["wgmma"] * len(WGMMA_TILES[64]), sources
     assert TUNER.choices()[0]["config"] in {c.name for c in candidates("sm_90")}
-    assert WGMMA_BY_HEAD_DIM[64].name in TUNER.choices()[0]["probe_ms"], "wgmma tile not timed"
+    assert all(c.name in TUNER.choices()[0]["probe_ms"] for c in WGMMA_TILES[64]), "wgmma tile not timed"
     # under a window of 128 keys (G = 8, d = 64) the sweep ends with the wgspan tile
     windowed = RecordingBackend(arch="sm_90")
     w_sources = recording(windowed)

@@ -1235,7 +1235,7 @@ def _ragged_bf16_model_backend():
                 past_len=self.ints(plens, B) if plens else past, q_len=self.ints(qlens, B) if qlens else None,
                 window=window, sink=self.view(sink, (Hq,)) if mode == 1 else None,
                 smooth_softmax=mode == 2, scale=scale, dtype="bf16" if bf16 else "fp16",
-                config=KernelConfig(kernel["M_TILES"], kernel["BKV"], kernel["PATH"],
+                config=KernelConfig(kernel["M_TILES"], kernel["BKV"], kernel["PATH"], ws=bool(kernel.get("WS", 0)),
                                     pack=kernel.get("PACK", 1), walk=kernel.get("QWALK", 1)))
             if bf16:
                 res = (np.ascontiguousarray(res).view(np.uint32) >> 16).astype(np.uint16)

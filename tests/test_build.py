@@ -305,11 +305,12 @@ def test_wgmma_variants_compile_for_sm90a_only(monkeypatch):
 
 def test_kernel_variants_cover_the_wgmma_path():
     from hipkernel import api
-    from hipkernel.config import HEAD_DIMS, WGMMA_BY_HEAD_DIM
+    from hipkernel.config import HEAD_DIMS, WGMMA_BY_HEAD_DIM, WGMMA_TILES
     from refattn.mutants import MUTANTS
 
     plain = [(v.dtype, v.d, v.config, v.path) for v in build.kernel_variants() if v.path == "wgmma"]
-    assert plain == [(dt, d, WGMMA_BY_HEAD_DIM[d].name, "wgmma") for dt in ("fp16", "bf16") for d in HEAD_DIMS]
+    assert plain == [(dt, d, c.name, "wgmma") for dt in ("fp16", "bf16") for d in HEAD_DIMS
+                     for c in WGMMA_TILES[d]]
     vs = build.kernel_variants(mutants=True)
     # the mutants compile at each head dim's own wgmma tile (the one that does not spill there)
     wg_mutants = {(v.d, v.config) for v in vs if v.path == "wgmma" and "+" in v.config}
@@ -432,39 +433,47 @@ def test_real_wgmma_kernel_sm90a(tmp_path):
     of stages, 192 KiB with a producer warpgroup, and 16 bytes of mbarriers a stage)."""
     _require_nvrtc_sm90a()
     from hipkernel import api
-    from hipkernel.config import WGMMA_BY_HEAD_DIM
+    from hipkernel.config import WGMMA_TILES, config_from_name
 
     if not api.KERNEL_FILES["wgmma"].exists():
         pytest.skip(f"{api.KERNEL_FILES['wgmma']} is not there")
     out = tmp_path / "sm90a.json"
-    names = ",".join(c.name for c in WGMMA_BY_HEAD_DIM.values())
+    names = ",".join(c.name for tiles in WGMMA_TILES.values() for c in tiles)
     rc = build.main(["--targets", "sm_90a", "--configs", names, "--json", str(out)])
     rows = json.loads(out.read_text())["rows"]
     assert [(r["target"], r["dtype"], r["d"], r["config"], r["status"]) for r in rows] == [
-        ("sm_90a", dt, d, c.name, "ok") for dt in ("fp16", "bf16") for d, c in WGMMA_BY_HEAD_DIM.items()], rows
+        ("sm_90a", dt, d, c.name, "ok") for dt in ("fp16", "bf16") for d, tiles in WGMMA_TILES.items()
+        for c in tiles], rows
     assert rc == 0
     for r in rows:
-        cfg = WGMMA_BY_HEAD_DIM[r["d"]]
+        cfg = config_from_name(r["config"])
         assert r["spills"] == 0 and 0 < r["regs"] <= 255, r
         assert r["smem"] == 0, r
-        stages = (192 if cfg.ws else 96) * 1024
         ones = 2048 if cfg.rowsum_mma(r["d"]) else 0  # the row sums' block of ones
-        assert cfg.dynamic_smem_bytes(r["d"]) == stages + ones + 16 * cfg.kv_stages(r["d"]) + 16 * cfg.ws, r
+        used = cfg.kv_stages(r["d"]) * (cfg.smem_bytes(r["d"]) // cfg.kv_stages(r["d"]) + 16) + ones + 16 * cfg.ws
+        if cfg.qsmem:  # Q's tiles after the barriers, 1024-byte aligned, inside the ws budget
+            assert cfg.smem_bytes(r["d"]) + 3 * 64 * r["d"] * 2 <= 192 * 1024, r
+            assert cfg.dynamic_smem_bytes(r["d"]) == -(-used // 1024) * 1024 + 3 * 64 * r["d"] * 2, r
+        else:
+            stages = (192 if cfg.ws else 96) * 1024
+            assert cfg.smem_bytes(r["d"]) == stages, r
+            assert cfg.dynamic_smem_bytes(r["d"]) == used, r
 
 
 def test_every_wgmma_tile_compiles_with_dynamic_shared_memory_only():
     """Every wgmma tile that fits (m_tiles 4/8/16 x bkv 32/64/128 x each head dim, and m_tiles
-    8 with a producer warpgroup, with the KV_STAGES its config gives) compiles for sm_90a
+    8 and 12 with a producer warpgroup, with the KV_STAGES its config gives) compiles for sm_90a
     with no static shared memory; the ones
     the tuner offers do not spill (four warpgroups at d = 128 do: 128 registers a thread
     cannot hold their accumulators, which is why d = 128 gets two)."""
     _require_nvrtc_sm90a()
     from hipkernel import api
-    from hipkernel.config import HEAD_DIMS, WGMMA_BY_HEAD_DIM, KernelConfig
+    from hipkernel.config import HEAD_DIMS, WGMMA_TILES, KernelConfig
 
     tiles = [(d, KernelConfig(m, b, "wgmma")) for d in HEAD_DIMS for m in (4, 8, 16)
              for b in (32, 64, 128)]
-    tiles += [(d, KernelConfig(8, b, "wgmma", ws=True)) for d in HEAD_DIMS for b in (32, 64, 128)]
+    tiles += [(d, KernelConfig(m, b, "wgmma", ws=True)) for d in HEAD_DIMS for m in (8, 12)
+              for b in (32, 64, 128)]
     # one stage of the biggest is 64 KiB of 96; four warpgroups need two (mbarrier pipeline)
     assert [(d, c.name) for d, c in tiles if not c.fits(d)] == [(128, "wgmma_m16_b128")]
     tiles = [(d, c) for d, c in tiles if c.fits(d)]
@@ -475,7 +484,7 @@ def test_every_wgmma_tile_compiles_with_dynamic_shared_memory_only():
     assert set(got) == {(d, c.name) for d, c in tiles}
     assert all(r.status in ("ok", "SPILL") and r.smem == 0 for r in rows), \
         [(r.d, r.config, r.status, r.smem) for r in rows if r.status not in ("ok", "SPILL") or r.smem]
-    assert all(got[(d, c.name)].status == "ok" for d, c in WGMMA_BY_HEAD_DIM.items())
+    assert all(got[(d, c.name)].status == "ok" for d, tiles in WGMMA_TILES.items() for c in tiles)
     assert got[(128, "wgmma_m16_b64")].status == "SPILL"
 
 

@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 import hipkernel
 from hipkernel import api, model, reliability
 from hipkernel.autotune import Autotuner
-from hipkernel.config import (CANDIDATES, DEFAULT, HEAD_DIMS, WGMMA_BY_HEAD_DIM,
+from hipkernel.config import (CANDIDATES, DEFAULT, HEAD_DIMS, WGMMA_TILES,
                               WGMMA_TARGET, KernelConfig, candidates, has_mma, has_wgmma)
 from hipkernel.reliability import Geometry
 from refattn.cases import OUT_CANARY_BITS, Case, make_inputs
@@ -81,7 +81,7 @@ class ModelBackend(RecordingBackend):
             self.view(v, (B, Hkv, S_cap, d)), past_len=past, window=window,
             sink=self.view(sink, (Hq,)) if mode == 1 else None, smooth_softmax=mode == 2,
             scale=scale, config=KernelConfig(kernel["M_TILES"], kernel["BKV"], kernel["PATH"],
-                                             pack=kernel.get("PACK", 1),
+                                             ws=bool(kernel.get("WS", 0)), pack=kernel.get("PACK", 1),
                                              walk=kernel.get("QWALK", 1)),
             mutants=mutants)
         positions = grid[0] * kernel.get("QWALK", 1) * 16 * kernel["M_TILES"] // kernel.get("PACK", 1)
@@ -538,7 +538,7 @@ def test_sanitize_target_runs_every_case_and_restores_the_env(suite_dir, monkeyp
         reliability.sanitize_target(["tiny"], backend=be, cache="loose")
     # tensor cores: the mma defaults (16 and 32 rows a warp, packed heads: PACK 2 at these
     # cases' G = 2, and packed heads walking 4 Q tiles a block) too, and on sm_90 the wgmma
-    # tile of the head dim and (d = 64) the wgspan tile, packed as G = 2 allows: PACK 2 and
+    # tiles of the head dim and (d = 64) the wgspan tile, packed as G = 2 allows: PACK 2 and
     # its walk cut to one step
     sm90 = ModelBackend(arch="sm_90")
     assert reliability.sanitize_target(["tiny"], backend=sm90, judge=True) == 0
@@ -547,12 +547,12 @@ def test_sanitize_target_runs_every_case_and_restores_the_env(suite_dir, monkeyp
     assert sum(k.get("WARP_M") == 2 for k in mma) == 2  # both d=64 cases
     assert sum(k.get("PACK") == 2 and "QWALK" not in k for k in mma) == 2
     assert sum(k.get("QWALK") == 4 for k in mma) == 2  # both d=64 cases
-    wg = WGMMA_BY_HEAD_DIM[64]
+    wg = [(c.m_tiles, c.bkv) for c in WGMMA_TILES[64]]
     assert [(l["kernel"]["M_TILES"], l["kernel"]["BKV"]) for l in sm90.launches
-            if l["kernel"]["PATH"] == "wgmma"] == [(wg.m_tiles, wg.bkv)] * 2  # both d=64 cases
+            if l["kernel"]["PATH"] == "wgmma"] == wg * 2  # both d=64 cases
     assert [(k["M_TILES"], k["BKV"], k.get("PACK"), k.get("QWALK")) for k in
             (l["kernel"] for l in sm90.launches) if k["PATH"] == "wgspan"] == [(4, 136, 2, None)] * 2
-    assert "15 calls, 0 bad" in capsys.readouterr().out
+    assert f"{13 + 2 * len(wg)} calls, 0 bad" in capsys.readouterr().out
     sm80 = ModelBackend(arch="sm_80")  # mma, no wgmma or wgspan: four fewer calls
     assert reliability.sanitize_target(["tiny"], backend=sm80, judge=True) == 0
     assert {l["kernel"]["PATH"] for l in sm80.launches} == {"scalar", "mma"}

@@ -19,7 +19,7 @@ from hipkernel import api, model
 from hipkernel import config as config_module
 from hipkernel.config import (CANDIDATES, DEFAULT, HEAD_DIMS, MMA_CANDIDATES, MMA_PACK_CANDIDATES,
                               MMA_WALK_CANDIDATES, MMA_WIDE_CANDIDATES, WGSPAN_CANDIDATES,
-                              WGMMA_BY_HEAD_DIM, WGMMA_CANDIDATES, WGMMA_MAX_STAGES,
+                              WGMMA_BY_HEAD_DIM, WGMMA_CANDIDATES, WGMMA_MAX_STAGES, WGMMA_TILES,
                               WGMMA_RESCALE_LOG2, WGMMA_SMEM_BUDGET, KernelConfig, candidates,
                               compiled_variants, default_config, has_mma, has_wgmma)
 from refattn import reference
@@ -365,19 +365,20 @@ def test_mma_config_geometry_and_candidates():
     assert candidates("sm_80", 128, 4) == CANDIDATES + MMA_CANDIDATES + P[:1]
     assert candidates("sm_80", 64, 4) == CANDIDATES + MMA_CANDIDATES + MMA_WIDE_CANDIDATES + P[:1] + W[:1]
     assert candidates("sm_80", 64) == CANDIDATES + MMA_CANDIDATES + MMA_WIDE_CANDIDATES + P + W
-    # sm_90 adds the wgmma tile of the head dim (after the mma ones)
+    # sm_90 adds the wgmma tiles of the head dim (after the mma ones)
     assert candidates("sm_90", 128, 1) == CANDIDATES + MMA_CANDIDATES + (WGMMA_BY_HEAD_DIM[128],)
+    assert WGMMA_TILES[128] == (WGMMA_BY_HEAD_DIM[128],)
     # ... and, at d = 64 for a window that spans one of its chunks (window None: any), the
     # wgspan tile
     assert candidates("sm_90", 64, 8, -1) == (CANDIDATES + MMA_CANDIDATES + MMA_WIDE_CANDIDATES
-                                              + P + W + (WGMMA_BY_HEAD_DIM[64],))
+                                              + P + W + WGMMA_TILES[64])
     for window in (None, 1, 128, 129):
         assert candidates("sm_90", 64, 8, window) == candidates("sm_90", 64, 8, -1) + WGSPAN_CANDIDATES
     assert candidates("sm_90", 64, 8, 130) == candidates("sm_90", 64, 8, -1)  # 137 keys
     assert candidates("sm_90", 64, 4, 128) == candidates("sm_90", 64, 4, -1)  # pack 8 needs G % 8
     assert candidates("sm_90", 128, 8, 128) == candidates("sm_90", 128, 8, -1)
     assert not [c for c in candidates("sm_80", 64, 8, 128) if c.path == "wgspan"]
-    # d=None: every runnable config, so both wgmma tiles and the wgspan tile
+    # d=None: every runnable config, so every wgmma tile and the wgspan tile
     assert candidates("sm_90") == (CANDIDATES + MMA_CANDIDATES + MMA_WIDE_CANDIDATES + P + W
                                    + WGMMA_CANDIDATES + WGSPAN_CANDIDATES)
     assert candidates("sm_80") == candidates("sm_80", 64)
@@ -591,10 +592,21 @@ def test_wgmma_config_geometry_and_shared_memory():
     assert not KernelConfig(16, 128, "wgmma").fits(128) and KernelConfig(16, 128, "wgmma").fits(64)
     with pytest.raises(ValueError, match="^bkv: 128 keys at d=128 need 131072 bytes of dynamic"):
         KernelConfig(16, 128, "wgmma").defines(128)
-    assert all(w.fits(d) for d, w in WGMMA_BY_HEAD_DIM.items())
-    assert WGMMA_CANDIDATES == (KernelConfig(16, 64, "wgmma"), KernelConfig(8, 128, "wgmma", ws=True))
+    assert all(w.fits(d) for d, tiles in WGMMA_TILES.items() for w in tiles)
+    assert WGMMA_CANDIDATES == (KernelConfig(16, 64, "wgmma"), KernelConfig(12, 128, "wgmma", ws=True),
+                                KernelConfig(8, 128, "wgmma", ws=True))
     assert {d: w.name for d, w in WGMMA_BY_HEAD_DIM.items()} == {64: "wgmma_m16_b64",
                                                                  128: "wgmma_m8_b128_ws"}
+    # three consumer warpgroups read Q from shared memory, after the barriers (1024-byte
+    # aligned); its tiles come out of the stages' budget: 5 stages of 32 KiB at d = 64
+    m12 = KernelConfig(12, 128, "wgmma", ws=True)
+    assert m12.qsmem and m12.threads == 512 and m12.defines(64)["QSMEM"] == 1
+    assert not any(c.qsmem for c in (c32, big, *WGMMA_BY_HEAD_DIM.values()))
+    used = 5 * (32768 + 16) + 2048 + 16
+    assert (m12.kv_stages(64), m12.dynamic_smem_bytes(64)) == (5, -(-used // 1024) * 1024 + 3 * 64 * 64 * 2)
+    assert m12.dynamic_smem_bytes(64) <= 227 * 1024
+    with pytest.raises(ValueError, match="^m_tiles: 12"):
+        KernelConfig(12, 128, "wgmma")
     # the other paths: static shared memory, none passed at launch
     for other in (KernelConfig(4, 64), KernelConfig(4, 64, "mma"), KernelConfig(8, 64, "mma", 2)):
         assert other.dynamic_smem_bytes(64) == 0 and "KV_STAGES" not in other.defines(64)
@@ -683,13 +695,16 @@ def test_has_wgmma_truth_table(arch, mma, wgmma):
 
 
 def test_wgmma_candidates_only_on_sm90():
-    """On sm_90 each head dim's sweep ends with its wgmma tile (at d = 64 under a window
+    """On sm_90 each head dim's sweep ends with its wgmma tiles (at d = 64 under a window
     then the wgspan tile); sm_80 and AMD get none."""
-    assert candidates("sm_90", 64, window=-1)[-1].name == "wgmma_m16_b64"
-    assert [c.name for c in candidates("sm_90", 64)[-2:]] == ["wgmma_m16_b64", "wgspan_m4_b136_p8_q4"]
+    assert candidates("sm_90", 64, window=-1)[-1].name == "wgmma_m12_b128_ws"
+    assert [c.name for c in candidates("sm_90", 64)[-3:]] == ["wgmma_m16_b64", "wgmma_m12_b128_ws",
+                                                              "wgspan_m4_b136_p8_q4"]
     assert candidates("sm_90", 128)[-1].name == "wgmma_m8_b128_ws"
-    assert [c.name for c in candidates("sm_90a", 64) if c.path == "wgmma"] == ["wgmma_m16_b64"]
+    assert [c.name for c in candidates("sm_90a", 64) if c.path == "wgmma"] == ["wgmma_m16_b64",
+                                                                               "wgmma_m12_b128_ws"]
     assert [c.name for c in candidates("sm_90") if c.path == "wgmma"] == ["wgmma_m16_b64",
+                                                                           "wgmma_m12_b128_ws",
                                                                            "wgmma_m8_b128_ws"]
     for arch in ("sm_80", "sm_89", "sm_100", "gfx942", "gfx1151"):
         for d in (None, *HEAD_DIMS):
@@ -706,7 +721,7 @@ def test_compiled_variants_hold_both_wgmma_tiles():
 
     variants = compiled_variants()
     assert [(d, c.name) for d, c in variants if c.path == "wgmma"] == [
-        (64, "wgmma_m16_b64"), (128, "wgmma_m8_b128_ws")]
+        (64, "wgmma_m16_b64"), (64, "wgmma_m12_b128_ws"), (128, "wgmma_m8_b128_ws")]
     assert variants == [(d, c) for d in HEAD_DIMS
                         for c in candidates("sm_90a", d) + WMMA_CANDIDATES + MFMA_CANDIDATES]
     assert all(c.fits(d) for d, c in variants)

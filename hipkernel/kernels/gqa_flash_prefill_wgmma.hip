@@ -10,15 +10,16 @@
 //                 RESCALE_LOG2 (lazy rescaling, flash_rows.h; KernelConfig.rescale_log2
 //                 sets it, the model follows), ROWSUM_MMA (0 | 1: l summed on the tensor
 //                 cores, below; KernelConfig.rowsum_mma sets it, the model follows),
-//                 HK_BF16 (0 | 1: q, k, v, out, and P before P.V, in bf16; portable.h)
+//                 HK_BF16 (0 | 1: q, k, v, out, and P before P.V, in bf16; portable.h),
+//                 QSMEM (0 | 1: Q read from shared memory; KernelConfig.qsmem sets it, below)
 //   grid          (ceil(Sq / BM), Hq, B), BM = 16 * M_TILES
 //   block         32 * M_TILES threads = M_TILES / 4 warpgroups, + 128 with WS; warpgroup w
 //                 < M_TILES / 4 owns query rows [64 w, 64 w + 64) of the Q tile, its warp x
 //                 rows [16 x, 16 x + 16) of those; with WS the last warpgroup only loads
 //   shared        dynamic, KV_STAGES x (K tile + V tile) = KV_STAGES * 4 * BKV * HEAD_DIM
 //                 bytes, with ROWSUM_MMA 2 KiB of fp16 ones, then two mbarriers a stage (16
-//                 bytes; with WS 16 more, below; KernelConfig.
-//                 dynamic_smem_bytes; the launch raises the function's limit above the
+//                 bytes; with WS 16 more, below; with QSMEM the Q tiles after them, Q_AT;
+//                 KernelConfig.dynamic_smem_bytes; the launch raises the function's limit above the
 //                 default 48 KiB), BKV x HEAD_DIM halves a tile, in wgmma's 128-byte
 //                 swizzled layout (below), each tile 1024-byte aligned
 //   pointers      q, k, v, out 16-byte aligned
@@ -37,7 +38,8 @@
 // flash_rows.h (start-tile clamp, visibility, zero-fill of keys no row may see, online
 // softmax with the NaN guard, the sink epilogue). What differs is who multiplies:
 //   S = Q K^T    one wgmma m64 n BKV k16 per 16 dims: Q from registers (each warp's A
-//                fragments, loaded once), K from shared memory by descriptor.
+//                fragments, loaded once; with QSMEM from shared memory by descriptor, copied
+//                there once), K from shared memory by descriptor.
 //   O += P V     one wgmma m64 n HEAD_DIM k16 per 16 keys: P (rounded to fp16, bf16 in a bf16
 //                kernel, as model.py does for the tensor-core paths) from registers, V from shared memory,
 //                read transposed (MN-major) by the same descriptor mechanism.
@@ -165,6 +167,12 @@
 #define ONES_BYTES (ROWSUM_MMA ? 2048 : 0)
 #define BARS_AT (KV_STAGES * 2u * TILE_BYTES + ONES_BYTES)  // the mbarriers' byte offset
 #define ONES_DESC (KV_STAGES * 2u * TILE_BYTES >> 4)  // from K stage 0's descriptor to theirs
+// QSMEM: the warpgroups' Q tiles (64 rows x HEAD_DIM halves each, in 64-dim column blocks of
+// Q_CBLOCK_BYTES) after the barriers, the 16 bytes of WS and 1024-byte alignment
+// (KernelConfig.dynamic_smem_bytes)
+#define Q_AT ((BARS_AT + KV_STAGES * 16u + 16u + 1023u) & ~1023u)
+#define Q_CBLOCK_BYTES (64 * 128)
+#define Q_TILE_BYTES (64 * HEAD_DIM * 2)
 #if TILE_BYTES % 1024 != 0
 #error "a tile must be a whole number of 1024-byte swizzle atoms"
 #endif
@@ -210,6 +218,15 @@
 // 0.153-0.158 (four warpgroups an SM already overlap each other's softmax and wgmma).
 #ifndef OVERLAP
 #define OVERLAP (WS && TMA)
+#endif
+// QSMEM (KernelConfig.qsmem sets it): Q K^T reads Q from shared memory (A by descriptor, the
+// same 128-byte swizzle as a K tile of 64 keys) instead of holding it in registers (16 a
+// thread at d 64, 32 at d 128). Each warpgroup copies its 64 rows there once, after the K/V
+// stages' barriers (Q_AT, 1024-byte aligned), and meets on its own named barrier. Three
+// consumer warpgroups (M_TILES 12) at 160 registers a thread hold S, the owed P and acc of
+// OVERLAP only so.
+#ifndef QSMEM
+#define QSMEM 0
 #endif
 // PINGPONG: the warpgroups issue their Q K^T wgmma in turn (0, 1, ..., NWG - 1, 0, ...),
 // passing a token on named barriers 1 + w (two warpgroups' threads each), so that one's
@@ -287,6 +304,26 @@ HK_INLINE void load_tile(const half_t* kg, const half_t* vg, unsigned int k_s0, 
         }
     }
 }
+
+#if QSMEM
+// QSMEM: the 64 rows [ig, ig + 64) of Q (their 16-byte chunks in the 128-byte swizzle, a
+// column block of 64 dims at a time) into shared memory at q_s, by the warpgroup's 128
+// threads (lt); rows at or past n_rows as zeros. Every copy has landed and is visible to
+// wgmma once the caller's warpgroup barrier is passed.
+HK_INLINE void load_q_smem(const half_t* q, unsigned int q_s, int b, int Sq, int Hq, int h, int ig,
+                           int n_rows, int lt) {
+#pragma unroll
+    for (int i = lt; i < 64 * VPR; i += 128) {
+        const int r = i / VPR, c = i % VPR;
+        const bool keep = ig + r < n_rows;
+        const half_t* src = q + (((hk_u64)b * Sq + (keep ? ig + r : 0)) * Hq + h) * HEAD_DIM + 8 * c;
+        hk_cp_async_16(q_s + (c >> 3) * Q_CBLOCK_BYTES + 128u * r + 16u * ((c & 7) ^ (r & 7)), src, keep);
+    }
+    hk_cp_async_commit();
+    hk_cp_async_wait<0>();
+    hk_fence_proxy_async();
+}
+#endif
 
 #if TMA
 // TMA: KV tile t into stage st, by one thread, completing on mbarrier bar (armed here with
@@ -496,15 +533,21 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     const int ww_lo = window < 0 ? 0 : window_lo(pw_last, window);
     const int tw_lo = ww_lo > 0 ? (ww_lo + BKV - 1) / BKV : 0;
     const int tw_hi = (pw_first + 1) / BKV;
-    int i_r[2];
+    const int i_r[2] = {iw + g, iw + g + 8};
+#if QSMEM
+    // this warpgroup's Q tile, and its descriptor's low word (K-major, SBO 1024: as K's)
+    const unsigned int q_s0 = hk_smem_u32(kv_s) + Q_AT + (warp >> 2) * Q_TILE_BYTES;
+    load_q_smem(q, q_s0, b, Sq, Hq, h, ig, n_rows, tid & 127);
+    hk_named_sync(2 + NWG + (warp >> 2), 128);
+    const unsigned int q_lo0 = hk_wgmma_desc_lo(q_s0, 16u);
+#else
     const half_t* qrow[2];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        i_r[r] = iw + g + 8 * r;
+    for (int r = 0; r < 2; ++r)
         qrow[r] = i_r[r] < n_rows ? q + (((hk_u64)b * Sq + i_r[r]) * Hq + h) * HEAD_DIM + 2 * t4 : nullptr;
-    }
     unsigned int qf[KC_S][4];  // Q as A fragments, for the whole block
     load_q_fragments(qf, qrow);
+#endif
     const float c2 = scale * LOG2E;  // s2 = c2 * dot(q, k): logits in exp2 space
 
     float m[2] = {row_max_init(), row_max_init()};
@@ -715,7 +758,12 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
 #pragma unroll
             for (int kc = 0; kc < KC_S; ++kc)
                 // 16 dims on: 32 bytes into the row, the next column block every 4
+#if QSMEM
+                hk_wgmma_ss<BKV, 0, DESC_SW128 | 64u>(s, q_lo0 + ((kc >> 2) * Q_CBLOCK_BYTES + 32u * (kc & 3) >> 4),
+                                                      k_lo + ((kc >> 2) * CBLOCK_BYTES + 32u * (kc & 3) >> 4), kc > 0);
+#else
                 hk_wgmma<BKV, 0, DESC_SW128 | 64u>(s, qf[kc], k_lo + ((kc >> 2) * CBLOCK_BYTES + 32u * (kc & 3) >> 4), kc > 0);
+#endif
             hk_wgmma_commit();
 #if OVERLAP
             pv(pa_p, pending ? v_lo0 + prev(st) * (TILE_BYTES >> 4) : v_lo);  // the tile before's P.V, behind this Q K^T

@@ -169,11 +169,12 @@ HK_INLINE void hk_wgmma_acc_undef(float (&d)[NB][4]) {
 
 // D (64 x N) += A (64 x 16, registers) * B (16 x N, descriptor); accumulate = 0 overwrites
 // D instead. TRANS_B: 0 for a K-major B, 1 for an MN-major B. One function per N (the
-// accumulator list is spelled out; the PTX operand numbers follow it). Around each
-// instruction the same PTX: HK_WGMMA_HEAD turns operand %P (accumulate) into a predicate and
-// builds the descriptor from %L (its low word) and %H (DESC_HI); HK_WGMMA_TAIL closes the
-// instruction with it, the scales of A and B (1, 1) and %T (TRANS_B); HK_WGMMA_INPUTS are
-// those operands, after the accumulator's.
+// accumulator list is spelled out by HK_WGMMA_ACC_N and its PTX operands by HK_WGMMA_REGS_N;
+// the operand numbers after them follow). Around each instruction the same PTX:
+// HK_WGMMA_HEAD turns operand %P (accumulate) into a predicate and builds the descriptor from
+// %L (its low word) and %H (DESC_HI); HK_WGMMA_TAIL closes the instruction with it, the
+// scales of A and B (1, 1) and %T (TRANS_B); HK_WGMMA_INPUTS are those operands, after the
+// accumulator's.
 #define HK_WGMMA_HEAD(P, L, H)                                                              \
     "{\n.reg .pred p;\n.reg .b32 dh;\n.reg .b64 db;\nsetp.ne.b32 p, %" #P ", 0;\n"          \
     "mov.b32 dh, %" #H ";\nmov.b64 db, {%" #L ", dh};\n"
@@ -181,62 +182,79 @@ HK_INLINE void hk_wgmma_acc_undef(float (&d)[NB][4]) {
 #define HK_WGMMA_INPUTS                                                                      \
     "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "r"(desc_lo), "n"(DESC_HI), \
         "n"(TRANS_B)
+#define HK_WGMMA_ACC8(i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])
+#define HK_WGMMA_ACC_N32 HK_WGMMA_ACC8(0), HK_WGMMA_ACC8(1), HK_WGMMA_ACC8(2), HK_WGMMA_ACC8(3)
+#define HK_WGMMA_ACC_N64 \
+    HK_WGMMA_ACC_N32, HK_WGMMA_ACC8(4), HK_WGMMA_ACC8(5), HK_WGMMA_ACC8(6), HK_WGMMA_ACC8(7)
+#define HK_WGMMA_ACC_N128                                                                 \
+    HK_WGMMA_ACC_N64, HK_WGMMA_ACC8(8), HK_WGMMA_ACC8(9), HK_WGMMA_ACC8(10), HK_WGMMA_ACC8(11), \
+        HK_WGMMA_ACC8(12), HK_WGMMA_ACC8(13), HK_WGMMA_ACC8(14), HK_WGMMA_ACC8(15)
+#define HK_WGMMA_REGS_N32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+#define HK_WGMMA_REGS_N64 \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+#define HK_WGMMA_REGS_N128 \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
 template <int TRANS_B, unsigned int DESC_HI>
 HK_INLINE void hk_wgmma_n32(float (&d)[4][4], const unsigned int (&a)[4], unsigned int desc_lo,
                             int accumulate) {
-    asm volatile(
-        HK_WGMMA_HEAD(20, 21, 22) "wgmma.mma_async.sync.aligned.m64n32k16.f32" HK_MMA_AB " "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-        "{%16, %17, %18, %19}, " HK_WGMMA_TAIL(23)
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
-        : HK_WGMMA_INPUTS);
+    asm volatile(HK_WGMMA_HEAD(20, 21, 22) "wgmma.mma_async.sync.aligned.m64n32k16.f32" HK_MMA_AB " "
+                 HK_WGMMA_REGS_N32 "{%16, %17, %18, %19}, " HK_WGMMA_TAIL(23)
+                 : HK_WGMMA_ACC_N32 : HK_WGMMA_INPUTS);
 }
 
 template <int TRANS_B, unsigned int DESC_HI>
 HK_INLINE void hk_wgmma_n64(float (&d)[8][4], const unsigned int (&a)[4], unsigned int desc_lo,
                             int accumulate) {
-    asm volatile(
-        HK_WGMMA_HEAD(36, 37, 38) "wgmma.mma_async.sync.aligned.m64n64k16.f32" HK_MMA_AB " "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "{%32, %33, %34, %35}, " HK_WGMMA_TAIL(39)
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-        : HK_WGMMA_INPUTS);
+    asm volatile(HK_WGMMA_HEAD(36, 37, 38) "wgmma.mma_async.sync.aligned.m64n64k16.f32" HK_MMA_AB " "
+                 HK_WGMMA_REGS_N64 "{%32, %33, %34, %35}, " HK_WGMMA_TAIL(39)
+                 : HK_WGMMA_ACC_N64 : HK_WGMMA_INPUTS);
 }
 
 template <int TRANS_B, unsigned int DESC_HI>
 HK_INLINE void hk_wgmma_n128(float (&d)[16][4], const unsigned int (&a)[4], unsigned int desc_lo,
                             int accumulate) {
-    asm volatile(
-        HK_WGMMA_HEAD(68, 69, 70) "wgmma.mma_async.sync.aligned.m64n128k16.f32" HK_MMA_AB " "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "{%64, %65, %66, %67}, " HK_WGMMA_TAIL(71)
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
-          "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
-          "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
-          "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
-          "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
-          "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
-          "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
-          "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
-          "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-        : HK_WGMMA_INPUTS);
+    asm volatile(HK_WGMMA_HEAD(68, 69, 70) "wgmma.mma_async.sync.aligned.m64n128k16.f32" HK_MMA_AB " "
+                 HK_WGMMA_REGS_N128 "{%64, %65, %66, %67}, " HK_WGMMA_TAIL(71)
+                 : HK_WGMMA_ACC_N128 : HK_WGMMA_INPUTS);
+}
+
+// D (64 x N) += A (64 x 16) * B (16 x N), both from shared memory by descriptor (low words
+// a_lo and b_lo, one high word DESC_HI: the same layout), A K-major; accumulate = 0
+// overwrites D. The operands after the accumulator's: %P accumulate, %A a_lo, %B b_lo,
+// %H DESC_HI, %T TRANS_B.
+#define HK_WGMMA_SS_HEAD(P, A, B, H)                                                        \
+    "{\n.reg .pred p;\n.reg .b32 dh;\n.reg .b64 da, db;\nsetp.ne.b32 p, %" #P ", 0;\n"      \
+    "mov.b32 dh, %" #H ";\nmov.b64 da, {%" #A ", dh};\nmov.b64 db, {%" #B ", dh};\n"
+#define HK_WGMMA_SS_TAIL(T) "da, db, p, 1, 1, 0, %" #T ";\n}"
+#define HK_WGMMA_SS_INPUTS "r"(accumulate), "r"(a_lo), "r"(b_lo), "n"(DESC_HI), "n"(TRANS_B)
+template <int TRANS_B, unsigned int DESC_HI>
+HK_INLINE void hk_wgmma_ss_n32(float (&d)[4][4], unsigned int a_lo, unsigned int b_lo, int accumulate) {
+    asm volatile(HK_WGMMA_SS_HEAD(16, 17, 18, 19) "wgmma.mma_async.sync.aligned.m64n32k16.f32" HK_MMA_AB " "
+                 HK_WGMMA_REGS_N32 HK_WGMMA_SS_TAIL(20)
+                 : HK_WGMMA_ACC_N32 : HK_WGMMA_SS_INPUTS);
+}
+
+template <int TRANS_B, unsigned int DESC_HI>
+HK_INLINE void hk_wgmma_ss_n64(float (&d)[8][4], unsigned int a_lo, unsigned int b_lo, int accumulate) {
+    asm volatile(HK_WGMMA_SS_HEAD(32, 33, 34, 35) "wgmma.mma_async.sync.aligned.m64n64k16.f32" HK_MMA_AB " "
+                 HK_WGMMA_REGS_N64 HK_WGMMA_SS_TAIL(36)
+                 : HK_WGMMA_ACC_N64 : HK_WGMMA_SS_INPUTS);
+}
+
+template <int TRANS_B, unsigned int DESC_HI>
+HK_INLINE void hk_wgmma_ss_n128(float (&d)[16][4], unsigned int a_lo, unsigned int b_lo, int accumulate) {
+    asm volatile(HK_WGMMA_SS_HEAD(64, 65, 66, 67) "wgmma.mma_async.sync.aligned.m64n128k16.f32" HK_MMA_AB " "
+                 HK_WGMMA_REGS_N128 HK_WGMMA_SS_TAIL(68)
+                 : HK_WGMMA_ACC_N128 : HK_WGMMA_SS_INPUTS);
+}
+
+// D += A * B for N in {32, 64, 128} (the Q.K tiles), A and B by descriptor.
+template <int N, int TRANS_B, unsigned int DESC_HI>
+HK_INLINE void hk_wgmma_ss(float (&d)[N / 8][4], unsigned int a_lo, unsigned int b_lo, int accumulate) {
+    static_assert(N == 32 || N == 64 || N == 128, "hk_wgmma_ss: N is 32, 64 or 128");
+    if constexpr (N == 32) hk_wgmma_ss_n32<TRANS_B, DESC_HI>(d, a_lo, b_lo, accumulate);
+    else if constexpr (N == 64) hk_wgmma_ss_n64<TRANS_B, DESC_HI>(d, a_lo, b_lo, accumulate);
+    else hk_wgmma_ss_n128<TRANS_B, DESC_HI>(d, a_lo, b_lo, accumulate);
 }
 
 // n = 8: the span kernel's last 8 keys of a 136- or 72-key chunk (gqa_flash_prefill_wgspan.hip).
@@ -246,8 +264,7 @@ HK_INLINE void hk_wgmma_n8(float (&d)[1][4], const unsigned int (&a)[4], unsigne
     asm volatile(
         HK_WGMMA_HEAD(8, 9, 10) "wgmma.mma_async.sync.aligned.m64n8k16.f32" HK_MMA_AB " "
         "{%0, %1, %2, %3}, {%4, %5, %6, %7}, " HK_WGMMA_TAIL(11)
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
-        : HK_WGMMA_INPUTS);
+        : HK_WGMMA_ACC8(0) : HK_WGMMA_INPUTS);
 }
 
 // D += A * B for N in {8, 32, 64, 128}; B by descriptor, low word desc_lo, high word DESC_HI.
