@@ -250,13 +250,26 @@ def _load(path: Path, what: str) -> dict:
     return rec
 
 
+def _kill_outcome(km: dict) -> tuple:
+    """What a kill matrix of one config came to: ok, the clean run, and per mutant whether it
+    was killed or counted equivalent (not which cases killed it, nor the times)."""
+    mutants = km.get("mutants") if isinstance(km, dict) else None
+    return (km.get("ok") if isinstance(km, dict) else None,
+            km.get("clean_ok") if isinstance(km, dict) else None,
+            sorted((str(m.get("name")), bool(m.get("killed")), bool(m.get("equivalent")))
+                   for m in mutants or [] if isinstance(m, dict)))
+
+
 def _merge_kill_matrices(base: dict, more, what: str) -> dict:
     """``base`` (scripts/mma_check.py's JSON, or a kill-matrix record made of it) with the kill
     matrices of ``more``, ``(file name, mma_check JSON)`` runs of the same kernel source that
     force configs ``base`` does not hold. The plan is ``base``'s (``mutants_planned``, or what
     it ran and listed as not run) and each run's; ``configs_not_run`` is what no run reached,
-    and ``runs`` says which file gave which configs. Raises ValueError (``what``: who asks)
-    on an empty kill matrix, another source or a config forced twice."""
+    and ``runs`` says which file gave which configs. A config an earlier run already holds is
+    kept from that run when the later one came to the same outcome (``_kill_outcome``), and
+    ``runs`` lists it under ``repeated``. Raises ValueError (``what``: who asks) on an empty
+    kill matrix, another source, or a config whose runs disagree (the disagreement is the
+    finding: neither is kept)."""
     merged = dict(base)
     mutants = dict(base.get("mutants") or {})
     if not mutants:
@@ -273,13 +286,15 @@ def _merge_kill_matrices(base: dict, more, what: str) -> dict:
                              f"{str(raw.get('kernel_source_hash'))[:12]}, the first of "
                              f"{str(base.get('kernel_source_hash'))[:12]}")
         twice = sorted(set(km) & set(mutants))
-        if twice:
-            raise ValueError(f"{what}: {name} forces {', '.join(twice)} again: each config's "
-                             f"kill matrix comes from one run")
-        mutants.update(km)
+        differ = [c for c in twice if _kill_outcome(km[c]) != _kill_outcome(mutants[c])]
+        if differ:
+            raise ValueError(f"{what}: {name} forces {', '.join(differ)} again and comes to "
+                             f"another outcome than the run before it: the runs disagree")
+        new = {c: body for c, body in km.items() if c not in mutants}
+        mutants.update(new)
         if planned or raw.get("mutants_planned"):
             planned += [c for c in [*km, *(raw.get("mutants_planned") or [])] if c not in planned]
-        runs.append({"file": name, "configs": list(km)})
+        runs.append({"file": name, "configs": list(new), **({"repeated": twice} if twice else {})})
     merged["mutants"] = mutants
     if planned:
         merged["mutants_planned"] = planned

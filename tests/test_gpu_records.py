@@ -260,10 +260,23 @@ def test_collect_merges_a_kill_matrix_run_that_completed_a_cut_one(tmp_path, cap
                           {"file": "mma_check-2.json", "configs": plan[2:]}]
     assert "mma_check-2.json completing it" in mc["note"] and record.incomplete_in(both) == []
 
-    (rec_dir / "mma_check-2.json").write_text(json.dumps({
-        "kernel_source_hash": h, "mutants": {"mma_m4_b64": {"ok": True}}}))
-    with pytest.raises(ValueError, match="forces mma_m4_b64 again"):
+    # a config run again: kept from the first run when the second came to the same outcome
+    # (listed as repeated), refused when they disagree
+    (rec_dir / "mma_check-3.json").write_text(json.dumps({
+        "kernel_source_hash": h, "mutants": {"mma_m4_b64": {"ok": True, "clean_ok": True, "seen": 2}}}))
+    (rec_dir / "mma_check.json").write_text(json.dumps({
+        "kernel_source_hash": h, "mutants_planned": plan,
+        "mutants": {"mma_m4_b64": {"ok": True, "clean_ok": True, "seen": 1}, "wgmma_m16_b64": {"ok": True}}}))
+    again = tmp_path / "again3"
+    record.collect(rec_dir, rel_dir, scaling, again)
+    mc = json.loads((again / "mma-check-h200.json").read_text())
+    assert mc["mutants"]["mma_m4_b64"]["seen"] == 1 and mc["configs_not_run"] == []
+    assert mc["runs"][2] == {"file": "mma_check-3.json", "configs": [], "repeated": ["mma_m4_b64"]}
+    (rec_dir / "mma_check-3.json").write_text(json.dumps({
+        "kernel_source_hash": h, "mutants": {"mma_m4_b64": {"ok": True, "clean_ok": False}}}))
+    with pytest.raises(ValueError, match="forces mma_m4_b64 again and comes to another outcome"):
         record.collect(rec_dir, rel_dir, scaling, tmp_path / "twice")
+    (rec_dir / "mma_check-3.json").unlink()
     (rec_dir / "mma_check-2.json").write_text(json.dumps({
         "kernel_source_hash": "0" * 64, "mutants": {"wgspan_m4_b136_p8_q4": {"ok": True}}}))
     with pytest.raises(ValueError, match="mma_check-2.json is a run of kernel source 000000000000"):
@@ -382,7 +395,8 @@ def test_add_completes_the_committed_records_from_a_later_run_of_the_same_source
 
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     refused = [({"kernel_source_hash": "0" * 64, "mutants": {"x": {"ok": True}}}, "a run of kernel source 000000000000"),
-               ({"kernel_source_hash": h, "mutants": {"mma_m4_b64": {"ok": True}}}, "forces mma_m4_b64 again"),
+               ({"kernel_source_hash": h, "mutants": {"mma_m4_b64": {"ok": True, "clean_ok": False}}},
+                "forces mma_m4_b64 again and comes to another outcome"),
                ({"kernel_source_hash": h, "mutants": {"y": {"ok": False}}}, "a kill matrix in it failed")]
     for doc, words in refused:
         (tmp_path / "bad.json").write_text(json.dumps(doc))
