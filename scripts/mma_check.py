@@ -28,7 +28,6 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from hipkernel import api
@@ -62,9 +61,41 @@ def _save(out: Path | None, part: dict) -> None:
         (out / "mma_check.json").write_text(json.dumps({**_DOC, **part}, indent=1, default=str))
 
 
+def forced_tiles(cfg: KernelConfig, case_config: dict | None, G: int, ragged: bool,
+                 respect_case: bool = True) -> dict:
+    """The config (``api.attention``'s dict) that ``cfg`` forced on a case runs: the case's
+    own m_tiles / bkv (``case_config``) where ``respect_case`` and the path allows them, the
+    most of cfg's packing that the case's ``G`` allows, and no TMA producer on a ``ragged``
+    case."""
+    c = {"m_tiles": cfg.m_tiles, "bkv": cfg.bkv}
+    if respect_case and case_config:
+        c.update(case_config)
+    c["path"] = cfg.path
+    c["warp_m"] = cfg.warp_m if c["m_tiles"] % cfg.warp_m == 0 else 1
+    # packed heads: the most of cfg.pack that the case's G allows (so cases of G 1, 2, 4
+    # run PACK 1, 2, 4 and the gpt-oss ones PACK 8)
+    fit = cfg.for_group(G)
+    c["pack"] = fit.pack
+    c["walk"] = fit.walk  # Q tiles a block walks (mma, wgspan)
+    if c["path"] == "wgmma":  # 64 rows a warpgroup: keep the case's tiles where allowed
+        c["m_tiles"] = c["m_tiles"] if c["m_tiles"] in (4, 8) else cfg.m_tiles
+        c["bkv"] = c["bkv"] if c["bkv"] in (32, 64, 128) else cfg.bkv
+        # a producer where it fits; its TMA copies bound every sequence by one key count,
+        # so a ragged case runs the same tiles without it (hipkernel.api refuses the pair)
+        c["ws"] = cfg.ws and c["m_tiles"] in WGMMA_WS_M_TILES and not ragged
+        if c["m_tiles"] == 12 and not c["ws"]:  # three warpgroups need the producer: two
+            c["m_tiles"] = 8
+    if c["path"] == "wgspan":  # its own chunk sizes: the config's tiles
+        c["m_tiles"], c["bkv"] = cfg.m_tiles, cfg.bkv
+    if c["path"] in AMD_MMA_WAVE:  # a wave per 16 rows: the case's tiles where allowed
+        c["m_tiles"] = c["m_tiles"] if c["m_tiles"] in AMD_MMA_M_TILES else cfg.m_tiles
+        c["bkv"] = c["bkv"] if c["bkv"] in AMD_MMA_BKV else cfg.bkv
+    return c
+
+
 class ForcedKernel(HipKernel):
     """hipkernel on CUDA with ``cfg`` forced (the case's own m_tiles / bkv win if
-    ``respect_case``)."""
+    ``respect_case``; :func:`forced_tiles`)."""
 
     def __init__(self, cfg: KernelConfig, respect_case: bool = True, mutants=frozenset()):
         super().__init__("cuda", mutants)
@@ -72,29 +103,8 @@ class ForcedKernel(HipKernel):
         self.name = f"hipkernel:{cfg.name}" + (f"+{'+'.join(sorted(mutants))}" if mutants else "")
 
     def run(self, inputs):
-        c = {"m_tiles": self.cfg.m_tiles, "bkv": self.cfg.bkv}
-        if self.respect_case and inputs.config:
-            c.update(inputs.config)
-        c["path"] = self.cfg.path
-        c["warp_m"] = self.cfg.warp_m if c["m_tiles"] % self.cfg.warp_m == 0 else 1
-        # packed heads: the most of cfg.pack that the case's G allows (so cases of G 1, 2, 4
-        # run PACK 1, 2, 4 and the gpt-oss ones PACK 8)
-        fit = self.cfg.for_group(inputs.q.shape[2] // inputs.k.shape[1])
-        c["pack"] = fit.pack
-        c["walk"] = fit.walk  # Q tiles a block walks (mma, wgspan)
-        if c["path"] == "wgmma":  # 64 rows a warpgroup: keep the case's tiles where allowed
-            c["m_tiles"] = c["m_tiles"] if c["m_tiles"] in (4, 8) else self.cfg.m_tiles
-            c["bkv"] = c["bkv"] if c["bkv"] in (32, 64, 128) else self.cfg.bkv
-            # a producer where it fits; its TMA copies bound every sequence by one key count,
-            # so a ragged case runs the same tiles without it (hipkernel.api refuses the pair)
-            c["ws"] = self.cfg.ws and c["m_tiles"] in WGMMA_WS_M_TILES and not inputs.ragged
-            if c["m_tiles"] == 12 and not c["ws"]:  # three warpgroups need the producer: two
-                c["m_tiles"] = 8
-        if c["path"] == "wgspan":  # its own chunk sizes: the config's tiles
-            c["m_tiles"], c["bkv"] = self.cfg.m_tiles, self.cfg.bkv
-        if c["path"] in AMD_MMA_WAVE:  # a wave per 16 rows: the case's tiles where allowed
-            c["m_tiles"] = c["m_tiles"] if c["m_tiles"] in AMD_MMA_M_TILES else self.cfg.m_tiles
-            c["bkv"] = c["bkv"] if c["bkv"] in AMD_MMA_BKV else self.cfg.bkv
+        c = forced_tiles(self.cfg, inputs.config, inputs.q.shape[2] // inputs.k.shape[1],
+                         inputs.ragged, self.respect_case)
         fp16 = inputs.dtype == "fp16"  # a bf16 result is float32 (bf16 values), a new array
         status, out = api.attention(inputs.q, inputs.k, inputs.v, out=inputs.out if fp16 else None,
                                     config=c, backend=self._backend or "cuda", mutants=self.active,
@@ -232,6 +242,37 @@ def _kill_matrix(cfg: KernelConfig) -> tuple[str, dict]:
     return text, km.to_json()
 
 
+def mutant_configs() -> list[KernelConfig]:
+    """The configs the kill matrices force (section_mutants), narrowed by --configs."""
+    cfgs = [c for c in (MMA_DEFAULT, MMA_WIDE_CANDIDATES[0], MMA_WALK_CANDIDATES[-1],
+                        *WGMMA_CANDIDATES, *WGSPAN_CANDIDATES) if c in MMA_ALL]
+    return cfgs + [c for c in MMA_ALL if c.path in AMD_MMA_WAVE]
+
+
+def forced_builds(cases, cfgs, first_only: bool = False) -> set[tuple]:
+    """The kernel builds, (config, head dim, dtype), that forcing each of ``cfgs`` on
+    ``cases`` launches (:func:`forced_tiles`: each keeps the cases' own tiles where its path
+    allows, as the kill matrices run them; with ``first_only`` only the first does, as
+    section_matrix runs them). A case the kernel declines (a head dim or dtype it does not
+    compile) or a config api.attention refuses adds nothing."""
+    from hipkernel.config import DTYPES, HEAD_DIMS
+
+    builds = set()
+    for i, cfg in enumerate(cfgs):
+        for case in cases:
+            if case.d not in HEAD_DIMS or case.dtype not in DTYPES:
+                continue
+            c = forced_tiles(cfg, case.config, case.Hq // case.Hkv, case.ragged,
+                             respect_case=not first_only or i == 0)
+            try:
+                k = api._check_config(c)
+            except ValueError:
+                continue
+            if k.fits(case.d):
+                builds.add((k, case.d, case.dtype))
+    return builds
+
+
 def section_mutants(out: Path) -> dict:
     """The kill matrix with a tensor-core path forced (case tiles kept where allowed): at
     MMA_DEFAULT, the first 32-rows-a-warp config, the widest packed config walking Q tiles
@@ -247,9 +288,7 @@ def section_mutants(out: Path) -> dict:
     configs, and ``mutants_planned`` names every config it was to force. A second run with
     ``--configs`` set to the rest, its JSON beside the first as ``mma_check-<n>.json``,
     completes it (``python -m hipkernel.record --collect`` merges them)."""
-    cfgs = [c for c in (MMA_DEFAULT, MMA_WIDE_CANDIDATES[0], MMA_WALK_CANDIDATES[-1],
-                        *WGMMA_CANDIDATES, *WGSPAN_CANDIDATES) if c in MMA_ALL]  # --configs narrows
-    cfgs += [c for c in MMA_ALL if c.path in AMD_MMA_WAVE]
+    cfgs = mutant_configs()
     doc: dict = {}
     # the plan first: a run cut by its limit says which configs it did not reach
     _DOC["mutants_planned"] = [c.name for c in cfgs]
@@ -272,11 +311,11 @@ def section_mutants(out: Path) -> dict:
 
 
 def _compile_one(job) -> str:
-    path, d, m_tiles, bkv, mutants, mb, warp_m, ws, pack, dtype = job
+    path, d, m_tiles, bkv, mutants, mb, warp_m, ws, pack, dtype, walk = job
     from hipkernel.backends import get_backend
 
     be = get_backend("cuda")
-    cfg = KernelConfig(m_tiles, bkv, path, warp_m, ws, pack)
+    cfg = KernelConfig(m_tiles, bkv, path, warp_m, ws, pack, walk)
     t0 = time.perf_counter()
     defines = dict(api.kernel_defines(d, cfg, mutants, dtype))
     if mb is not None:
@@ -287,52 +326,40 @@ def _compile_one(job) -> str:
             f"{info.spills} smem {info.smem} ({time.perf_counter() - t0:.1f} s)")
 
 
-def prewarm(sections) -> None:
-    """Compile every kernel the sections launch, in parallel processes, into the disk cache
-    (``$HIPKERNEL_CACHE_DIR``), so the sections themselves only load binaries."""
-    import multiprocessing
-    import os
-    from concurrent.futures import ProcessPoolExecutor
-
+def prewarm_jobs(sections) -> set[tuple]:
+    """The compile jobs of every kernel the sections launch: (path, d, m_tiles, bkv,
+    mutants, MIN_BLOCKS, warp_m, ws, pack, dtype, walk), as :func:`_compile_one` takes them.
+    The matrix and the kill matrices derive theirs from the cases (:func:`forced_builds`):
+    the forced tiles of every case, in its dtype, so that no section compiles on its own
+    (a kill matrix compiles what the cache lacks in its one process, serially: the wgspan
+    config's alone launches 147 builds, its tiles at each packing the cases' G leave it, in
+    both head dims and both dtypes, clean and with each mutant)."""
     from refattn.mutants import MUTANTS
 
     none = frozenset()
 
     def job(cfg: KernelConfig, d: int, mutants=none, mb=None, dtype="fp16") -> tuple:
-        return (cfg.path, d, cfg.m_tiles, cfg.bkv, mutants, mb, cfg.warp_m, cfg.ws, cfg.pack, dtype)
+        return (cfg.path, d, cfg.m_tiles, cfg.bkv, mutants, mb, cfg.warp_m, cfg.ws, cfg.pack, dtype,
+                cfg.walk)
 
-    # the mma tiles the matrix and the kill matrix reach: every candidate, and the cases' own
-    # tiles (m1_b32, m4_b32, m4_b64) under each warp_m they allow
-    case_tiles = [KernelConfig(m, b, "mma", w) for m, b in ((1, 32), (4, 32), (4, 64))
-                  for w in (1, 2) if m % w == 0]
-    case_tiles += [KernelConfig(4, b, "wgmma") for b in (32, 64)]  # (m1 cases run at m4)
-    case_tiles = [c for c in case_tiles if c.path == "mma" and any(x.path == "mma" for x in MMA_ALL)
-                  or c.path == "wgmma" and any(x.path == "wgmma" for x in MMA_ALL)]
-    case_tiles += [KernelConfig(m, b, p) for p in AMD_MMA_WAVE if any(x.path == p for x in MMA_ALL)
-                   for m, b in ((1, 32), (4, 32), (4, 64))]
-    # ... and, for a packed config, those tiles at each packing a case's G may leave it
-    packs = {x.for_group(g).pack for x in MMA_ALL for g in (1, 2, 4, 8)} - {1}
-    case_tiles += [KernelConfig(c.m_tiles, c.bkv, "mma", pack=p) for c in case_tiles
-                   if c.path == "mma" and c.warp_m == 1 for p in sorted(packs)]
-    # ... and, for a walking config, those (packed) tiles walking as many Q tiles
-    walks = {x.walk for x in MMA_ALL} - {1}
-    case_tiles += [replace(c, walk=w) for c in case_tiles
-                   if c.path == "mma" and c.warp_m == 1 for w in sorted(walks)]
-    mma_tiles = set(MMA_ALL) | set(case_tiles)
+    suites = ["seed", "extended", "coverage", "ragged"]
     jobs = set()
-    if "matrix" in sections:
-        jobs |= {job(c, d) for d in (64, 128) for c in mma_tiles if c.fits(d)}
+    if "matrix" in sections:  # what the matrix launches: the first config at the cases' tiles
+        from refattn.cases import load_suites
+
+        jobs |= {job(c, d, dtype=dt) for c, d, dt in forced_builds(load_suites(suites), MMA_ALL,
+                                                                 first_only=True)}
     if "time" in sections:
         jobs |= {job(KernelConfig(m, 32), 64) for m in (2, 4)}
         jobs |= {job(c, 64) for c in MMA_ALL}
     if "sweep" in sections:
         jobs |= {job(KernelConfig(4, b), d) for d in (64, 128) for b in (32, 64)}
         jobs |= {job(c, d, mb=mb) for d, c, mb in _sweep_jobs()}
-    if "mutants" in sections:
-        jobs |= {job(c, d, frozenset({mu.name})) for d in (64, 128)
-                 for c in case_tiles + [w for w in WGMMA_CANDIDATES if w in MMA_ALL] if c.fits(d)
-                 for mu in MUTANTS}
-        jobs |= {job(c, d) for d in (64, 128) for c in mma_tiles if c.fits(d)}
+    if "mutants" in sections:  # what the kill matrices launch: clean and each mutant
+        from refattn.cases import load_suites
+
+        jobs |= {job(c, d, mut, dtype=dt) for c, d, dt in forced_builds(load_suites(suites), mutant_configs())
+                 for mut in [none] + [frozenset({mu.name}) for mu in MUTANTS]}
     if "records" in sections:  # what hipkernel.gpu_session compiles: every candidate, and
         # the mutants at the default config (HIPKERNEL_TUNE=0) and at the cases' own configs
         from hipkernel.config import candidates, default_config
@@ -347,6 +374,18 @@ def prewarm(sections) -> None:
         jobs |= {job(d0, d, frozenset({mu.name}), dtype="bf16") for d in (64, 128) for mu in MUTANTS}
         jobs |= {job(KernelConfig(m, b), 64, mut, dtype="bf16") for m, b in ((1, 32), (4, 32), (4, 64))
                  for mut in [none] + [frozenset({mu.name}) for mu in MUTANTS]}
+    return jobs
+
+
+def prewarm(sections) -> None:
+    """Compile every kernel the sections launch (:func:`prewarm_jobs`), in parallel
+    processes, into the disk cache (``$HIPKERNEL_CACHE_DIR``), so the sections themselves
+    only load binaries."""
+    import multiprocessing
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    jobs = prewarm_jobs(sections)
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1),
                              mp_context=multiprocessing.get_context("spawn")) as pool:
