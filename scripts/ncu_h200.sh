@@ -3,6 +3,9 @@
 # report per shape (the third launch of the config: two warm-ups).
 #   OUT=dir bash scripts/ncu_h200.sh                       (the specs below)
 #   OUT=dir bash scripts/ncu_h200.sh "gptoss-16384@0 wgmma_m16_b64" ...   (these only)
+#   OUT=dir bash scripts/ncu_h200.sh "gptoss-16384@0 wgmma_m12_b128_ws" "gptoss-16384@0 peer:fa4"
+#     (peer:NAME: a bench peer on the same shape, scripts/ncu_profile.py --peer; its kernels
+#      are matched by PEER_KERNEL, default FlashAttention's forward, regex:(?i)flash)
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1 HIPKERNEL_CACHE_DIR=${HIPKERNEL_CACHE_DIR:-/tmp/hkcache}
 : "${OUT:?set OUT to the output directory}"
@@ -14,12 +17,16 @@ METRICS="--metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustain
 for spec in "$@"; do
   set -- $spec
   echo "== $1 $2"
-  timeout 100 ncu --clock-control none $SECTIONS -k gqa_flash_prefill -s 2 -c 1 \
-      python3 scripts/ncu_profile.py "$1" --config "$2" > "$OUT/ncu-${1//@/_at_}.txt" 2>&1
+  case "$2" in
+    peer:*) KERNEL=${PEER_KERNEL:-"regex:(?i)flash"}; WHAT=(--peer "${2#peer:}"); TAG="${1//@/_at_}-${2#peer:}" ;;
+    *) KERNEL=gqa_flash_prefill; WHAT=(--config "$2"); TAG="${1//@/_at_}" ;;
+  esac
+  timeout 100 ncu --clock-control none $SECTIONS -k "$KERNEL" -s 2 -c 1 \
+      python3 scripts/ncu_profile.py "$1" "${WHAT[@]}" > "$OUT/ncu-$TAG.txt" 2>&1
   echo "ncu sections exit $?"
-  timeout 100 ncu --clock-control none $METRICS -k gqa_flash_prefill -s 2 -c 1 \
-      python3 scripts/ncu_profile.py "$1" --config "$2" > "$OUT/ncu-metrics-${1//@/_at_}.txt" 2>&1
+  timeout 100 ncu --clock-control none $METRICS -k "$KERNEL" -s 2 -c 1 \
+      python3 scripts/ncu_profile.py "$1" "${WHAT[@]}" > "$OUT/ncu-metrics-$TAG.txt" 2>&1
   echo "ncu metrics exit $?"
   grep -E "Duration|Throughput|Achieved Occupancy|Registers Per|hmma|pipe_xu|mem_shared|stalled" \
-      "$OUT/ncu-${1//@/_at_}.txt" "$OUT/ncu-metrics-${1//@/_at_}.txt" | sed 's/^[^:]*://' | head -24
+      "$OUT/ncu-$TAG.txt" "$OUT/ncu-metrics-$TAG.txt" | sed 's/^[^:]*://' | head -24
 done
