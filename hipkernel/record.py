@@ -338,6 +338,17 @@ def _mma_check_record(raw: dict, matrix: dict, path: Path) -> dict:
     return rec
 
 
+def devices_in(path: Path) -> str:
+    """The devices the fresh records of ``path`` ran on, with how many each (their files
+    keep the names the tools write, ``*-h200.json``, whichever card ran them)."""
+    current = source_hash()
+    seen: dict[str, int] = {}
+    for f, rec, error in _read_dir(Path(path)):
+        if not error and isinstance(rec, dict) and freshness(rec, _current(rec, current)) == "fresh":
+            seen[str(rec.get("device"))] = seen.get(str(rec.get("device")), 0) + 1
+    return ", ".join(f"{n} on {d}" for d, n in seen.items()) or "none fresh"
+
+
 def incomplete_in(path: Path) -> list[str]:
     """One line for each record in ``path`` that names configs it planned and did not run
     (``configs_not_run`` of a kill-matrix record)."""
@@ -478,7 +489,8 @@ def main(argv=None) -> int:
     carried = carried_in(args.check)
     n = len(list(args.check.glob("*.json")))
     print(f"GPU records: {n - len(carried)} fresh and passing (kernel source "
-          f"{source_hash()[:12]})" + (f", {len(carried)} carried and passing" if carried else ""))
+          f"{source_hash()[:12]}; {devices_in(args.check)})"
+          + (f", {len(carried)} carried and passing" if carried else ""))
     for line in carried + incomplete_in(args.check):
         print("  - " + line)
     return 0

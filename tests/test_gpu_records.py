@@ -315,6 +315,8 @@ def test_collect_without_a_scaling_run_keeps_the_committed_one_carried(tmp_path,
     assert record.main(["--check", str(out), "--collect", str(rec_dir), str(rel_dir)]) == 0
     printed = capsys.readouterr().out
     assert "GPU records: 7 fresh and passing" in printed and "1 carried and passing" in printed
+    assert "(kernel source " in printed and "; 7 on NVIDIA H200)" in printed  # the card that ran them
+    assert record.devices_in(out) == "7 on NVIDIA H200" and record.devices_in(tmp_path / "none") == "none fresh"
     assert "scaling-h200x2.json: carried: a scaling run of kernel source cdcdcdcdcdcd" in printed
     assert (out / "scaling-h200x2.json").read_bytes() == before
     assert len(list(out.glob("*.json"))) == 8
