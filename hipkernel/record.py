@@ -260,6 +260,11 @@ def _kill_outcome(km: dict) -> tuple:
                    for m in mutants or [] if isinstance(m, dict)))
 
 
+def _kill_matrices_ok(mutants: dict) -> bool:
+    """Whether every config's kill matrix in ``mutants`` (config name -> kill matrix) passed."""
+    return all(isinstance(km, dict) and km.get("ok") is True for km in mutants.values())
+
+
 def _merge_kill_matrices(base: dict, more, what: str) -> dict:
     """``base`` (scripts/mma_check.py's JSON, or a kill-matrix record made of it) with the kill
     matrices of ``more``, ``(file name, mma_check JSON)`` runs of the same kernel source that
@@ -326,7 +331,7 @@ def _mma_check_record(raw: dict, matrix: dict, path: Path) -> dict:
     if not isinstance(mutants, dict) or not mutants:
         raise ValueError(f"records: {path} holds no kill matrix (its mutants section is "
                          f"{mutants!r})")
-    ok = all(isinstance(km, dict) and km.get("ok") is True for km in mutants.values())
+    ok = _kill_matrices_ok(mutants)
     body = {"command": MMA_CHECK_COMMAND if "sweep" in raw else MMA_CHECK_COMMAND_ONE_CALL,
             "note": "stamped by python -m hipkernel.record --collect from the device run's "
                     "mma_check.json, whose kernel source hash it checked"
@@ -425,7 +430,7 @@ def add(paths, out: Path) -> list[str]:
                              f"{str(committed.get('kernel_source_hash'))[:12]}, the tree "
                              f"{current[:12]} (a new source needs --collect)")
         rec = _merge_kill_matrices(committed, [(path.name, raw)], "add")
-        rec["ok"] = all(isinstance(v, dict) and v.get("ok") is True for v in rec["mutants"].values())
+        rec["ok"] = _kill_matrices_ok(rec["mutants"])
         if not rec["ok"]:
             raise ValueError(f"add: {path}: a kill matrix in it failed")
         staged[MMA_CHECK_RECORD] = rec
