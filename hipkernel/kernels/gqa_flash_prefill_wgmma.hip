@@ -128,6 +128,18 @@
 #ifndef TMA
 #define TMA WS
 #endif
+// HEAVY_FIRST (0 | 1): block x runs Q tile gridDim.x - 1 - x. The GPU starts blocks in the
+// order of their linear index, x fastest; under the causal mask a Q tile's KV walk grows
+// with its rows, so each head's heaviest tiles then start first and its lightest last, and
+// the grid's last wave is made of short blocks that even the SMs out instead of long ones
+// that leave most of them idle. On an H100 (python -m hipkernel.ab, same process, three
+// passes, bit-identical): d128 16384@0 (wgmma_m8_b128_ws) 3.806 / 3.801 ms against 3.875 /
+// 3.875 (a third pass of each ran throttled: 4.07 / 3.93); d 64 16384@0 wgmma_m16_b64
+// 4.877 / 4.900 / 4.979 against 4.922 / 4.910 / 5.103, wgmma_m12_b128_ws level (4.67-4.70);
+// B 4 4096@4096 and 2048@14336, whose blocks walk near-equal KV ranges, level.
+#ifndef HEAVY_FIRST
+#define HEAVY_FIRST 1
+#endif
 #if TMA && !WS
 #error "TMA: the tensor-memory copies are the producer warpgroup's (WS=1)"
 #endif
@@ -397,7 +409,8 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
 #endif
     const int g = lane >> 2;  // this lane's fragment rows are g and g + 8
     const int t4 = lane & 3;  // ... and its fragment columns 2 * t4, 2 * t4 + 1 (+ 8)
-    const int qt = hk_block_x(), h = hk_block_y(), b = hk_block_z();
+    const int qt = HEAVY_FIRST ? hk_grid_x() - 1 - hk_block_x() : hk_block_x();
+    const int h = hk_block_y(), b = hk_block_z();
     const int kvh = kv_head(h, Hq, Hkv);
 #if TMA
     if (past_lens != nullptr || q_lens != nullptr) __trap();  // ragged: not with TMA (header)

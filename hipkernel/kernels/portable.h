@@ -75,7 +75,10 @@ HK_INLINE int hk_thread_x() { return (int)__builtin_amdgcn_workitem_id_x(); }
 HK_INLINE int hk_block_x() { return (int)__builtin_amdgcn_workgroup_id_x(); }
 HK_INLINE int hk_block_y() { return (int)__builtin_amdgcn_workgroup_id_y(); }
 HK_INLINE int hk_block_z() { return (int)__builtin_amdgcn_workgroup_id_z(); }
-// Blocks along z (the grid's size in work-items over the block's).
+// Blocks along x and z (the grid's size in work-items over the block's).
+HK_INLINE int hk_grid_x() {
+    return (int)(__builtin_amdgcn_grid_size_x() / __builtin_amdgcn_workgroup_size_x());
+}
 HK_INLINE int hk_grid_z() {
     return (int)(__builtin_amdgcn_grid_size_z() / __builtin_amdgcn_workgroup_size_z());
 }
@@ -90,6 +93,7 @@ HK_INLINE int hk_thread_x() { return (int)threadIdx.x; }
 HK_INLINE int hk_block_x() { return (int)blockIdx.x; }
 HK_INLINE int hk_block_y() { return (int)blockIdx.y; }
 HK_INLINE int hk_block_z() { return (int)blockIdx.z; }
+HK_INLINE int hk_grid_x() { return (int)gridDim.x; }  // blocks along x
 HK_INLINE int hk_grid_z() { return (int)gridDim.z; }  // blocks along z
 HK_INLINE void hk_sync() { __syncthreads(); }
 #endif

@@ -4,7 +4,8 @@
 // A warpgroup is 4 consecutive warps (128 threads) that issue one wgmma together:
 //   D (64 x N f32) += A (64 x 16 f16) * B (16 x N f16)
 // (bf16 A and B in a bf16 kernel: HK_MMA_AB, portable.h, names the operand type)
-// with A from registers and B from shared memory through a 64-bit matrix descriptor.
+// with A from registers (hk_wgmma_*) or, in the SS forms (hk_wgmma_ss_*), from shared memory
+// like B, through a 64-bit matrix descriptor.
 // Warp w of the group owns rows 16w..16w+15 of A and D, and within them a lane holds exactly
 // the mma.sync m16n8k16 fragments of portable.h: A as a0..a3, D as one {c0, c1, c2, c3} per
 // 8 columns, d[n8][e] = (row g + 8 (e >> 1), col 8 n8 + 2 t4 + (e & 1)).
