@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hipkernel.autotune import TUNER, prune_by_model, tune_key
+from hipkernel.autotune import TUNER, Work, model_times, prune_by_model, tune_key
 from hipkernel.config import (DEFAULT, DTYPES, HEAD_DIMS, PATH_NEEDS, KernelConfig, candidates,
                               default_config, runs_path)
 from refattn.args import FP32_MAX, FP32_TINY, check_attention_args
@@ -494,16 +494,20 @@ def _plan(backend, c: _Checked, q, k, v, sink, out, lens) -> PreparedCall:
             tune_past = c.bound_past
         elif c.ragged:
             tune_past = ragged_bound(c.past_len, c.past_lens, c.q_lens, B=c.B, Sq=c.Sq)
-        cands = prune_by_model(candidates(backend.arch, c.d, c.G, c.window), backend.arch)
         default = default_config(backend.arch)
-        if c.ragged:
-            cands = tuple(x for x in cands if not x.tma)
         with TuningCache(backend, k, v, B=c.B, Hkv=c.Hkv, d=c.d, Sq=c.Sq, S_cap=c.S_cap,
                          past_len=tune_past) as kv:
+            work = Work(sq=c.Sq, skv=kv.timed_keys, Hq=c.Hq, B=c.B, window=c.window,
+                        ragged=c.ragged, sm_count=getattr(backend, "sm_count", None))
+            cands = candidates(backend.arch, c.d, c.G, c.window)
+            if c.ragged:
+                cands = tuple(x for x in cands if not x.tma)
+            note = {"work": work.as_dict(), "model": model_times(cands, work)}
+            cands = prune_by_model(cands, backend.arch, work)
             # Tuning launches omit the sink: one FMA per row cannot reorder the candidates,
             # and leaving it out keeps tuned configs comparable with the no-sink case.
             config = TUNER.choose(key, lambda cfg: tune_times_ms(backend, prepare(cfg, 0, kv.get())),
-                                  candidates=cands, default=default,
+                                  candidates=cands, default=default, note=note,
                                   probe=lambda cfg: tune_probe_ms(backend, prepare(cfg, 0, kv.get())))
     plan_key = (backend, config, c.B, c.Sq, c.Hq, c.Hkv, c.d, c.S_cap, c.window, c.sink_mode,
                 c.scale, c.dtype, c.mutants, bool(lens[0]), bool(lens[1]))
@@ -589,10 +593,9 @@ class PreparedCall:
         ``lens``, or, with ``q`` left None, with the arguments of the previous launch."""
         with self._lock:
             if q is not None:
-                new = (int(q), int(k), int(v), int(sink) if self.sink_mode == 1 else 0, int(out),
-                       int(past_len), int(lens[0]), int(lens[1]))
-                if new != self._last:
-                    self._patch(new)
+                new = (q, k, v, sink if self.sink_mode == 1 else 0, out, past_len, lens[0], lens[1])
+                if new != self._last:  # ints compare by value, whatever their type
+                    self._patch(tuple(int(x) for x in new))
             self.launch(stream)
 
     def _patch(self, new: tuple) -> None:
@@ -688,6 +691,7 @@ class TuningCache:
             self.keys = past_len + Sq
             self.nbytes = B * Hkv * self.keys * d * 2
         self.Sq = Sq
+        self.timed_keys = self.keys or past_len + Sq  # the skv the sweep's launches time
         self.bufs: list = []
 
     def get(self) -> tuple:

@@ -512,8 +512,10 @@ WALK_HEAD_DIMS = (64,)
 # producer, Q in shared memory (qsmem) and the intra-warpgroup overlap: 192 rows a block. On
 # an H100 (hipkernel.ab, same process, bit-identical across its stage counts) it ran 16384@0
 # in 4.62 ms against 4.80 for m16_b64, B4 4096@4096 3.54 against 3.62, 128@8192 0.0886
-# against 0.1061, 2048@14336 level (1.16-1.17), and 512@8192 0.213 against 0.154 (192 blocks
-# for 132 SMs): so a candidate beside m16_b64, not in its place.
+# against 0.1061, 2048@14336 1.157-1.174 against 1.136-1.156, and 512@8192 0.213 against
+# 0.154 (192 blocks for 132 SMs): so a candidate beside m16_b64, not in its place. The
+# tuner's model of the grid (hipkernel.autotune.grid_time) tells the two apart where the
+# waves decide, and times both where it cannot.
 WGMMA_TILES = {64: (KernelConfig(16, 64, "wgmma"), KernelConfig(12, 128, "wgmma", ws=True)),
                128: (KernelConfig(8, 128, "wgmma", ws=True),)}
 # The first tile of each head dim: the one the mutant builds, the model tests and the

@@ -35,16 +35,14 @@ def test_chunked_16k_prefill_sweeps_once():
     assert TUNER.sweeps == 1
     tuning = [l for l in be.launches if l["tuning"]]
     real = [l for l in be.launches if not l["tuning"]]
-    # per candidate, the probe: one launch, then one short burst sized from its time; then
-    # only the finalist (the others' probes are 4x its own) is timed in full: one launch, one
-    # burst sized from it
+    # per candidate, the probe: one launch, then one short burst sized from its time. The
+    # others' probes are 4x the fastest's, so it is the only finalist: nothing to time in full
     per_cfg = {c: sum(1 for l in tuning if (l["kernel"]["M_TILES"], l["kernel"]["BKV"]) == (c.m_tiles, c.bkv))
                for c in CANDIDATES}
     probe = {c: 1 + api.tune_burst_length(0.5 if c == fastest else 2.0, api.TUNE_PROBE_BURST_MS)
              for c in CANDIDATES}
-    assert per_cfg == {c: probe[c] + (1 + api.tune_burst_length(0.5) if c == fastest else 0)
-                       for c in CANDIDATES}
-    assert set(TUNER.choices()[0]["times_ms"]) == {fastest.name}
+    assert per_cfg == probe
+    assert TUNER.choices()[0]["times_ms"] == {}
     assert set(TUNER.choices()[0]["probe_ms"]) == {c.name for c in CANDIDATES}
     assert len(real) == 32
     assert all(l["kernel"]["M_TILES"] == fastest.m_tiles and l["kernel"]["BKV"] == fastest.bkv for l in real)
@@ -120,10 +118,13 @@ def test_explicit_config_skips_tuning():
 # ---- candidates per target (hipkernel.config.candidates) -------------------------------
 
 def test_sweep_covers_the_targets_candidates():
-    """On sm_80+ the sweep times the mma configs, compiled from the mma source, and on sm_90
-    the wgmma tile of the head dim, compiled from the wgmma source, and not the scalar ones
-    (the model of the work prunes them there); elsewhere only the scalar configs run. The
-    winner of an sm_90 key may be an mma config."""
+    """On sm_80+ the sweep times the mma configs, compiled from the mma source, and not the
+    scalar ones (the model of the work prunes them there). On sm_90, under full attention,
+    it times only the wgmma tiles of the head dim, compiled from the wgmma source (rule b),
+    and, knowing the SMs, only the tile the grid model cannot rule out (rule c): the
+    chunk's 512 rows fill one wave of 256-row blocks. Under a 128-key window the mma
+    configs and the wgspan tile are timed too, and an mma config may win. Elsewhere only
+    the scalar configs run."""
     from hipkernel.config import (MMA_CANDIDATES, MMA_PACK_CANDIDATES, MMA_WALK_CANDIDATES,
                                   MMA_WIDE_CANDIDATES, WGMMA_TILES, candidates)
 
@@ -145,18 +146,27 @@ def test_sweep_covers_the_targets_candidates():
              + len(MMA_WALK_CANDIDATES))  # G = 8, d = 64
     n_cands = len(candidates("sm_90", 64, GEOM["Hq"] // GEOM["Hkv"], -1))  # no window: no wgspan
     assert n_cands == len(CANDIDATES) + n_mma + len(WGMMA_TILES[64])
-    n_timed = n_cands - len(CANDIDATES)
+    tiles = len(WGMMA_TILES[64])
     # one compile per candidate probed, one per finalist timed in full, then the chosen one's
-    assert len(sources) == n_timed + len(TUNER.choices()[0]["times_ms"]) + 1
-    assert sources[:n_timed] == ["mma"] * n_mma + ["wgmma"] * len(WGMMA_TILES[64]), sources
-    assert TUNER.choices()[0]["config"] in {c.name for c in candidates("sm_90")}
-    assert all(c.name in TUNER.choices()[0]["probe_ms"] for c in WGMMA_TILES[64]), "wgmma tile not timed"
-    # under a window of 128 keys (G = 8, d = 64) the sweep ends with the wgspan tile
-    windowed = RecordingBackend(arch="sm_90")
+    assert sources == ["wgmma"] * (tiles + len(TUNER.choices()[0]["times_ms"]) + 1), sources
+    assert set(TUNER.choices()[0]["probe_ms"]) == {c.name for c in WGMMA_TILES[64]}
+    assert TUNER.choices()[0]["work"]["sm_count"] is None and TUNER.choices()[0]["model"] == {}
+    TUNER.clear()
+    be = RecordingBackend(arch="sm_90", times={(fastest.m_tiles, fastest.bkv): 0.1})
+    be.sm_count = 132
+    sources = recording(be)
+    prefill_chunk(be, 512)
+    (row,) = TUNER.choices()
+    assert sources == ["wgmma"] and row["config"] == "wgmma_m16_b64", sources
+    assert row["probe_ms"] == row["times_ms"] == {} and row["model"]["wgmma_m12_b128_ws"] == pytest.approx(1.406, abs=1e-3)
+    # under a window of 128 keys (G = 8, d = 64) the mma configs, the tiles and the wgspan tile
+    windowed = RecordingBackend(arch="sm_90", times={(fastest.m_tiles, fastest.bkv): 0.1})
     w_sources = recording(windowed)
     prefill_chunk(windowed, 512, window=128)
-    assert w_sources[:n_timed + 1] == sources[:n_timed] + ["wgspan"], w_sources
+    n_timed = n_mma + tiles + 1
+    assert w_sources[:n_timed] == ["mma"] * n_mma + ["wgmma"] * tiles + ["wgspan"], w_sources
     assert "wgspan_m4_b136_p8_q4" in TUNER.choices()[-1]["probe_ms"], "wgspan tile not timed"
+    assert TUNER.choices()[-1]["config"] == fastest.name
     sm80 = RecordingBackend(arch="sm_80")  # tensor cores, no wgmma
     sm80_sources = recording(sm80)
     prefill_chunk(sm80, 512)
@@ -371,23 +381,73 @@ def test_prune_by_model_drops_the_scalar_path_where_tensor_cores_run(monkeypatch
     assert prune_by_model(candidates("sm_90", 64, 8, -1), "sm_90") == candidates("sm_90", 64, 8, -1)
 
 
-def test_the_h200_sweeps_bear_out_the_model():
-    """Every sweep of the committed H200 matrix record (tuned with HIPKERNEL_TUNE=full, every
-    candidate timed) has a tensor-core winner, and its fastest scalar config took at least 3x
-    the winner's time: the margin by which prune_by_model may leave the scalar path out."""
+def _record_sweeps() -> list[dict]:
     import json
     from pathlib import Path
 
     rec = json.loads((Path(__file__).parents[1] / "reports/gpu/h200.json").read_text())
-    sweeps = rec["autotune"]
+    return rec["autotune"]
+
+
+def test_the_h200_sweeps_bear_out_the_model():
+    """Every sweep of the committed matrix record (tuned with HIPKERNEL_TUNE=full, every
+    candidate timed) bears out the three rules of prune_by_model: (a) a tensor-core winner,
+    and the fastest scalar config at least 3x its time; (b) under full attention in a
+    uniform call at a head dim with wgmma tiles, a winner that is no mma.sync config; (c)
+    no wgmma tile the grid model rules out (over MODEL_KEEP, for the sweep's recorded
+    work) was the fastest tile."""
+    from hipkernel.autotune import FULL_WINDOW, MODEL_KEEP, Work, model_times
+    from hipkernel.config import config_from_name
+
+    sweeps = _record_sweeps()
     assert len(sweeps) >= 20
     scalar = {c.name for c in CANDIDATES}
+    ruled_b = ruled_c = 0
     for s in sweeps:
         times = s["times_ms"]
         assert scalar <= set(times), f"{s}: not a full sweep (the record must be tuned unpruned)"
         assert s["config"] not in scalar
         best = min(times.values())
         assert min(times[n] for n in scalar) >= 3.0 * best, s
+        tiles = {n: t for n, t in times.items() if config_from_name(n).path == "wgmma"}
+        if tiles and not s["ragged"] and (s["window"] < 0 or s["window"] >= FULL_WINDOW):
+            ruled_b += 1
+            assert config_from_name(s["config"]).path != "mma", s
+        work = Work(**s["work"])
+        modelled = model_times([config_from_name(n) for n in tiles], work)
+        assert set(modelled) == set(tiles), s
+        for name, ratio in modelled.items():
+            if ratio > MODEL_KEEP:
+                ruled_c += 1
+                assert tiles[name] > min(tiles.values()), (name, s)
+    assert ruled_b >= 10 and ruled_c >= 10, (ruled_b, ruled_c)
+
+
+@pytest.mark.parametrize("sq, skv, m12_over_m16", [
+    (512, 8704, (1.3, 1.6)),      # one wave of 256-row blocks against two of 192-row ones
+    (1, 8193, (0.7, 0.8)),        # one block a head either way: the 192-row tile does less
+    (16384, 16384, (0.9, 1.1)),   # thousands of blocks: the total decides, and it is close
+])
+def test_grid_model(sq, skv, m12_over_m16):
+    from hipkernel.autotune import Work, grid_time
+    from hipkernel.config import config_from_name
+
+    work = Work(sq=sq, skv=skv, Hq=64, B=1, window=-1, ragged=False, sm_count=132)
+    m12, m16 = (grid_time(config_from_name(n), work) for n in ("wgmma_m12_b128_ws", "wgmma_m16_b64"))
+    lo, hi = m12_over_m16
+    assert lo <= m12 / m16 <= hi
+
+
+def test_grid_model_counts_the_windowed_walk():
+    from hipkernel.autotune import Work, grid_time
+    from hipkernel.config import config_from_name
+
+    m16 = config_from_name("wgmma_m16_b64")
+    full = grid_time(m16, Work(sq=512, skv=8704, Hq=64, B=1, window=-1, ragged=False, sm_count=132))
+    windowed = grid_time(m16, Work(sq=512, skv=8704, Hq=64, B=1, window=128, ragged=False, sm_count=132))
+    # 256 rows under a 128-key window reach 383 keys, from the 64-key tile that holds the
+    # window's first (keys 8064.. for rows from 8192): 6 tiles, against up to 136 with none
+    assert windowed == 256 * 64 * 6 and full == 256 * 64 * 136
 
 
 def test_probe_narrows_the_full_timing_to_the_fastest_probes():
