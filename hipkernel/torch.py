@@ -234,13 +234,16 @@ def _upload_lengths(g: _Geometry, past_lens, q_lens, stream_capturing: bool):
 
 def _attention(q, k, v, past_len, q_len, window, sink, smooth_softmax, scale, out, config):
     g = _geometry(q, k, v, sink, window, smooth_softmax, scale, config)
-    if (g.call is not None and type(past_len) is int and q_len is None and out is None
+    if (g.call is not None and type(past_len) is int and q_len is None
             and q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
             and (sink is None or sink.dtype == torch.float16 and sink.is_contiguous())
-            and 0 <= past_len <= g.S_cap - g.Sq):
+            and 0 <= past_len <= g.S_cap - g.Sq
+            and (out is None or type(out) is torch.Tensor and out.shape == q.shape
+                 and out.dtype == q.dtype and out.is_contiguous() and out.device == q.device)):
         # a geometry that ran before, the common call: what the slow path below would check
         # of it holds, so only the pointers remain (their alignment, then the launch)
-        out = torch.empty_like(q)
+        if out is None:
+            out = torch.empty_like(q)
         ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
                 0 if sink is None else sink.data_ptr())
         if not (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15:

@@ -101,6 +101,18 @@ def test_out_is_filled_when_given(rt):
     assert _launches(rt.be)[-1]["kernel"].get("HK_BF16") == 1
 
 
+def test_a_warm_call_with_out_takes_the_fast_path(rt, monkeypatch):
+    """Once its geometry ran, a call with a valid ``out`` skips the slow path's checks (they
+    would cost a serving loop that reuses its output buffers microseconds a call) and
+    launches into ``out``."""
+    q, k, v = _qkv()
+    ht.attention(q, k, v, past_len=0)
+    monkeypatch.setattr(ht, "_check_tensor", lambda *a, **k: pytest.fail("slow path"))
+    out = torch.empty_like(q)
+    assert ht.attention(q, k, v, past_len=3, out=out) is out
+    assert _launches(rt.be)[-1]["args"][4] == out.data_ptr()
+
+
 def test_capture_needs_a_call_of_the_geometry_before_it(rt):
     q, k, v = _qkv()
     rt.capture = True
@@ -284,6 +296,11 @@ def test_a_warm_call_does_what_a_cold_one_does(rt):
         "smooth 1": lambda: ht.attention(q, k, v, past_len=4, smooth_softmax=1),
         "out given": lambda: ht.attention(q, k, v, past_len=4, out=torch.empty_like(q)),
         "out strided": lambda: ht.attention(q, k, v, past_len=4, out=torch.empty_like(strided)),
+        "out fp32": lambda: ht.attention(q, k, v, past_len=4, out=torch.empty(q.shape)),
+        "out short": lambda: ht.attention(q, k, v, past_len=4, out=torch.empty_like(q[:, :-1])),
+        "out misaligned": lambda: ht.attention(q, k, v, past_len=4, out=misaligned),
+        "out offset": lambda: ht.attention(q, k, v, past_len=4, out=offset),
+        "out a list": lambda: ht.attention(q, k, v, past_len=4, out=[0]),
     }
     cold = {}
     for name, fn in variants.items():
@@ -296,6 +313,8 @@ def test_a_warm_call_does_what_a_cold_one_does(rt):
     assert cold["past past the end"][0] == "ValueError" and cold["past bool"][0] == "ValueError"
     assert cold["window True"][0] == "ValueError" and cold["smooth 1"][0] == "ValueError"
     assert cold["misaligned q"][0] == "ValueError" and cold["strided q"][0] == "ValueError"
+    for name in ("out strided", "out fp32", "out short", "out misaligned", "out a list"):
+        assert cold[name][0] == "ValueError", name
 
 
 def test_torch_bench_times_the_call_it_is_given_on_the_event_timer(monkeypatch):
@@ -341,6 +360,8 @@ class _CpuTorch:
     def rand(self, *shape, device=None, generator=None):
         return torch.rand(*shape, generator=generator)
 
+    empty_like = staticmethod(torch.empty_like)
+
 
 def test_torch_bench_host_overhead_and_chunked_prefill_run_on_a_fake_device(rt, monkeypatch):
     """The host-timing half of torch_bench (host overhead per geometry, the chunked prefill
@@ -371,9 +392,12 @@ def test_torch_bench_host_overhead_and_chunked_prefill_run_on_a_fake_device(rt, 
     for r in rows:
         assert r["kernel_ms"] == 0.011 and r["target_us"] == torch_bench.HOST_OVERHEAD_US
         assert r["hit"] == (r["host_overhead_us"] <= torch_bench.HOST_OVERHEAD_US)
+    parts = torch_bench.enqueue_breakdown(T, ht)
+    assert set(parts) == {"call_us", "call_with_out_us", "empty_like_us", "prepared_launch_us"}
+    assert all(x > 0 for x in parts.values())
     res = torch_bench.chunked_prefill(T, ht, total=64, chunk=16)
     assert res["chunks"] == 4 and res["kernel_sum_s"] == pytest.approx(4 * 0.011e-3)
     assert res["warm_over_kernels"] == pytest.approx(res["warm_s"] / res["kernel_sum_s"])
     assert isinstance(res["hit_over_kernels"], bool) and isinstance(res["hit_cold_over_warm"], bool)
-    json.dumps({"host": rows, "chunked_16k": res}, allow_nan=False)
+    json.dumps({"host": rows, "host_parts": parts, "chunked_16k": res}, allow_nan=False)
     assert rt.be.launches, "the fake runtime saw no launch"
