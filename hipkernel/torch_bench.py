@@ -17,7 +17,11 @@ In one process, on torch's current CUDA device:
     with its fake) equals the eager function byte for byte.
 * ``host``: per geometry, the kernel's device time (events behind a GPU hold), the time per
   call of a burst of back-to-back calls (host clock, synchronized at both ends), and their
-  difference, the host overhead per call (target <= 10 us).
+  difference, the host overhead per call (target <= 10 us). Timed first, before anything
+  else ran in the process.
+* ``host_parts``: the host's time per call of the first host geometry and of its parts
+  (the output's allocation, the prepared launch), at the start, after the matrix and after
+  the checks.
 * ``chunked_16k``: a 32 x 512 chunked prefill of 16384 tokens on a resident cache: its wall
   time against the sum of its 32 kernels' device times (target <= 1.15x), and cold (tuner,
   prepared launches and geometries forgotten; the modules stay loaded) against warm (target
@@ -126,6 +130,41 @@ def _device_ms(T, fn, reps: int = 30) -> float:
                                                 warmup=3, reps=reps))
 
 
+def _enqueue_us(T, fn, n: int = 500) -> float:
+    """The host's time per call of ``n`` calls of ``fn`` queued behind a GPU hold, so that
+    none waits for the GPU (us, median of 5)."""
+    runs = []
+    for _ in range(5):
+        T.cuda.synchronize()
+        T.cuda._sleep(int(min(1000.0, n * 0.2) * _cycles_per_ms(T)))
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        runs.append((time.perf_counter() - t0) * 1e6 / n)
+        T.cuda.synchronize()
+    return statistics.median(runs)
+
+
+def enqueue_breakdown(T, ht) -> dict:
+    """Where the host time of a warm call of the first host geometry goes, each part timed
+    on its own behind a GPU hold: the whole call, the output's allocation, and the
+    prepared launch (``api.PreparedCall``, the driver's enqueue included) with the call's
+    pointers."""
+    Sq, past, window = HOST_GEOMETRIES[0]
+    q, k, v, sink = _tensors(T, Sq=Sq, past=past, seed=3)
+    out = T.empty_like(q)
+    ht.attention(q, k, v, past_len=past, window=window, sink=sink)
+    call = ht._geometry(q, k, v, sink, window, False, None, None).call
+    ptrs = dict(q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), sink=sink.data_ptr(),
+                out=out.data_ptr(), past_len=past)
+    stream = ht.RUNTIME.stream_of(q.device.index)
+    return {"call_us": _enqueue_us(T, lambda: ht.attention(q, k, v, past_len=past, window=window, sink=sink)),
+            "call_with_out_us": _enqueue_us(T, lambda: ht.attention(q, k, v, past_len=past, window=window,
+                                                                    sink=sink, out=out)),
+            "empty_like_us": _enqueue_us(T, lambda: T.empty_like(q)),
+            "prepared_launch_us": _enqueue_us(T, lambda: call(**ptrs, stream=stream))}
+
+
 def host_overhead(T, ht, n: int = 500) -> list[dict]:
     rows = []
     for Sq, past, window in HOST_GEOMETRIES:
@@ -141,13 +180,7 @@ def host_overhead(T, ht, n: int = 500) -> list[dict]:
             T.cuda.synchronize()
             bursts.append((time.perf_counter() - t0) * 1e3 / n)
         burst_ms = statistics.median(bursts)
-        T.cuda.synchronize()  # the host's own cost per call, the GPU held so nothing waits
-        T.cuda._sleep(int(min(1000.0, n * 0.2) * _cycles_per_ms(T)))
-        t0 = time.perf_counter()
-        for _ in range(n):
-            call()
-        enqueue_us = (time.perf_counter() - t0) * 1e6 / n
-        T.cuda.synchronize()
+        enqueue_us = _enqueue_us(T, call, n)  # the host's own cost per call
         over_us = (burst_ms - kernel_ms) * 1e3
         rows.append({"sq": Sq, "past_len": past, "window": window, "sink": "per_head",
                      "kernel_ms": kernel_ms, "burst_ms_per_call": burst_ms,
@@ -222,10 +255,16 @@ def main(argv=None) -> int:
     if not ok:
         print(f"hipkernel-torch is not available here: {why}", file=sys.stderr)
         return 2
+    # The host path is timed first, in the process as a serving loop starts it; the part
+    # timings are taken again after the matrix and after the checks (torch.compile among
+    # them), so that the record shows whether what ran before changes it.
+    host = host_overhead(T, ht)
+    stages = {"start": enqueue_breakdown(T, ht)}
     m = run_matrix(kernel, load_suites(args.suites.split(",")))
     doc = m.to_json()
     print(f"  matrix: {sum(r['outcome'] == 'pass' for r in doc['results'])} pass of "
           f"{len(doc['results'])}, ok={m.ok}", flush=True)
+    stages["after_matrix"] = enqueue_breakdown(T, ht)
     checks = {}
     for name, fn in (("stream", check_stream), ("graph", check_graph), ("compile", check_compile)):
         try:
@@ -233,11 +272,14 @@ def main(argv=None) -> int:
         except Exception as e:  # noqa: BLE001 - a failed check is recorded, the rest still run
             checks[name] = {"ok": False, "error": f"{type(e).__name__}: {' '.join(str(e).split())[:400]}"}
         print(f"  check {name}: {checks[name]}", flush=True)
-    host = host_overhead(T, ht)
+    stages["after_checks"] = enqueue_breakdown(T, ht)
+    for stage, parts in stages.items():
+        print(f"  host parts {stage}: " + ", ".join(f"{k} {x:.1f}" for k, x in parts.items()), flush=True)
     chunked = chunked_prefill(T, ht)
     be = ht.RUNTIME.backend(T.device("cuda", T.cuda.current_device()))
     body = {"backend": be.name, "arch": be.arch, "torch": T.__version__, "suites": args.suites.split(","),
-            "results": doc["results"], "checks": checks, "host": host, "chunked_16k": chunked}
+            "results": doc["results"], "checks": checks, "host": host, "host_parts": stages,
+            "chunked_16k": chunked}
     ok = m.ok and all(c.get("ok") for c in checks.values())
     rec = record.stamp("torch", be.device_name, body, ok, kernel="hipkernel-torch")
     path = args.out / "torch-h200.json"

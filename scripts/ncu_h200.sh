@@ -6,8 +6,9 @@
 #   OUT=dir bash scripts/ncu_h200.sh "gptoss-16384@0 wgmma_m12_b128_ws" "gptoss-16384@0 peer:fa4"
 #     (peer:NAME: a bench peer on the same shape, scripts/ncu_profile.py --peer; its kernels
 #      are matched by PEER_KERNEL, default FlashAttention's forward, regex:(?i)flash)
+# A PYTHONPATH already set is kept after `.` (where a pip --target install of the peer lives).
 set -u
-export PYTHONPATH=. PYTHONUNBUFFERED=1 HIPKERNEL_CACHE_DIR=${HIPKERNEL_CACHE_DIR:-/tmp/hkcache}
+export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 HIPKERNEL_CACHE_DIR=${HIPKERNEL_CACHE_DIR:-/tmp/hkcache}
 : "${OUT:?set OUT to the output directory}"
 mkdir -p "$OUT" || exit 2
 SECTIONS="--section SpeedOfLight --section Occupancy --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section LaunchStats"
