@@ -391,11 +391,13 @@ def _record_sweeps() -> list[dict]:
 
 def test_the_h200_sweeps_bear_out_the_model():
     """Every sweep of the committed matrix record (tuned with HIPKERNEL_TUNE=full, every
-    candidate timed) bears out the three rules of prune_by_model: (a) a tensor-core winner,
-    and the fastest scalar config at least 3x its time; (b) under full attention in a
-    uniform call at a head dim with wgmma tiles, a winner that is no mma.sync config; (c)
-    no wgmma tile the grid model rules out (over MODEL_KEEP, for the sweep's recorded
-    work) was the fastest tile."""
+    candidate timed, with the work the model sees) bears out the three rules of
+    prune_by_model. (a) A tensor-core winner, and the fastest scalar config at least 3x its
+    time. (b) Under full attention in a uniform call at a head dim with wgmma tiles, a
+    winner that is no mma.sync config. (c) No config rule c prunes won its key; and under
+    full attention, where the model is meant to rank the tiles, the tile it prunes was
+    never the faster tile. Under short windows it is not (autotune's docstring): there it
+    misranks the tiles in some keys, each of which an mma.sync config won."""
     from hipkernel.autotune import FULL_WINDOW, MODEL_KEEP, Work, model_times
     from hipkernel.config import config_from_name
 
@@ -409,17 +411,19 @@ def test_the_h200_sweeps_bear_out_the_model():
         assert s["config"] not in scalar
         best = min(times.values())
         assert min(times[n] for n in scalar) >= 3.0 * best, s
+        full = s["window"] < 0 or s["window"] >= FULL_WINDOW
         tiles = {n: t for n, t in times.items() if config_from_name(n).path == "wgmma"}
-        if tiles and not s["ragged"] and (s["window"] < 0 or s["window"] >= FULL_WINDOW):
+        if tiles and not s["ragged"] and full:
             ruled_b += 1
             assert config_from_name(s["config"]).path != "mma", s
-        work = Work(**s["work"])
-        modelled = model_times([config_from_name(n) for n in tiles], work)
+        modelled = model_times([config_from_name(n) for n in tiles], Work(**s["work"]))
         assert set(modelled) == set(tiles), s
         for name, ratio in modelled.items():
             if ratio > MODEL_KEEP:
                 ruled_c += 1
-                assert tiles[name] > min(tiles.values()), (name, s)
+                assert name != s["config"], s
+                if full:
+                    assert tiles[name] > min(tiles.values()), (name, s)
     assert ruled_b >= 10 and ruled_c >= 10, (ruled_b, ruled_c)
 
 
