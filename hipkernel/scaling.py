@@ -48,6 +48,7 @@ import os
 import re
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -348,13 +349,10 @@ def compare_case_runs(one: Mapping, two: Mapping) -> dict:
         name(k) for k in both if a[k].get("outcome") != b[k].get("outcome"))
     rel_differ = sorted(name(k) for k in both if a[k].get("outcome") == b[k].get("outcome")
                         and a[k].get("rel_l2") != b[k].get("rel_l2"))
-    ratios = sorted(b[k]["time_s"] / a[k]["time_s"] for k in both
-                    if isinstance(a[k].get("time_s"), (int, float)) and a[k]["time_s"] > 0
-                    and isinstance(b[k].get("time_s"), (int, float)))
-    slowdown = None
-    if ratios:
-        mid = len(ratios) // 2
-        slowdown = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
+    ratios = [b[k]["time_s"] / a[k]["time_s"] for k in both
+              if isinstance(a[k].get("time_s"), (int, float)) and a[k]["time_s"] > 0
+              and isinstance(b[k].get("time_s"), (int, float))]
+    slowdown = statistics.median(ratios) if ratios else None
     return {"cases": len(a), "equal": bool(a) and not differ, "differ": differ[:20],
             "n_differ": len(differ), "rel_l2_identical": not differ and not rel_differ,
             "rel_l2_differ": rel_differ[:20], "per_test_slowdown": slowdown}

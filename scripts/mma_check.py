@@ -342,13 +342,13 @@ def prewarm_jobs(sections) -> set[tuple]:
         return (cfg.path, d, cfg.m_tiles, cfg.bkv, mutants, mb, cfg.warp_m, cfg.ws, cfg.pack, dtype,
                 cfg.walk)
 
-    suites = ["seed", "extended", "coverage", "ragged"]
     jobs = set()
-    if "matrix" in sections:  # what the matrix launches: the first config at the cases' tiles
+    if "matrix" in sections or "mutants" in sections:
         from refattn.cases import load_suites
 
-        jobs |= {job(c, d, dtype=dt) for c, d, dt in forced_builds(load_suites(suites), MMA_ALL,
-                                                                 first_only=True)}
+        cases = load_suites(["seed", "extended", "coverage", "ragged"])
+    if "matrix" in sections:  # what the matrix launches: the first config at the cases' tiles
+        jobs |= {job(c, d, dtype=dt) for c, d, dt in forced_builds(cases, MMA_ALL, first_only=True)}
     if "time" in sections:
         jobs |= {job(KernelConfig(m, 32), 64) for m in (2, 4)}
         jobs |= {job(c, 64) for c in MMA_ALL}
@@ -356,9 +356,7 @@ def prewarm_jobs(sections) -> set[tuple]:
         jobs |= {job(KernelConfig(4, b), d) for d in (64, 128) for b in (32, 64)}
         jobs |= {job(c, d, mb=mb) for d, c, mb in _sweep_jobs()}
     if "mutants" in sections:  # what the kill matrices launch: clean and each mutant
-        from refattn.cases import load_suites
-
-        jobs |= {job(c, d, mut, dtype=dt) for c, d, dt in forced_builds(load_suites(suites), mutant_configs())
+        jobs |= {job(c, d, mut, dtype=dt) for c, d, dt in forced_builds(cases, mutant_configs())
                  for mut in [none] + [frozenset({mu.name}) for mu in MUTANTS]}
     if "records" in sections:  # what hipkernel.gpu_session compiles: every candidate, and
         # the mutants at the default config (HIPKERNEL_TUNE=0) and at the cases' own configs
