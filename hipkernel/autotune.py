@@ -33,15 +33,17 @@ The sweep is pruned twice, so that a cold call costs little more than a warm one
    b. On sm_90, a uniform call under full attention (no window, or one of at least
       :data:`FULL_WINDOW` keys) at a head dim with wgmma tiles: the mma.sync configs are not
       timed. There every block walks many KV tiles, and wgmma's asynchronous products beat
-      mma.sync's (in the record by 1.05x and more in every such key). Under a short window
+      mma.sync's (in the record by 1.04x and more in every such key). Under a short window
       or in a ragged batch, where the TMA tiles are not offered, mma.sync configs do win
       some keys, so they stay.
-   c. Among the wgmma tiles (one block an SM, each), the one a model of the grid
-      (:func:`grid_time`: the row x key products of each block's KV walk, spread over the
-      SMs in waves) puts more than :data:`MODEL_KEEP` over the best is not timed: 512 rows
-      at d 64 are two 256-row blocks a head, one wave of 128 blocks on 132 SMs, against
-      three 192-row blocks, two waves (at past_len 8192 modelled 1.45x, and measured on
-      an H100 1.38x: 0.213 against 0.154 ms).
+   c. Under full attention (as in b), among the wgmma tiles (one block an SM, each), the one
+      a model of the grid (:func:`grid_time`: the row x key products of each block's KV
+      walk, spread over the SMs in waves) puts more than :data:`MODEL_KEEP` over the best is
+      not timed: 512 rows at d 64 are two 256-row blocks a head, one wave of 128 blocks on
+      132 SMs, against three 192-row blocks, two waves (at past_len 8192 modelled 1.45x, and
+      measured on an H100 1.38x: 0.213 against 0.154 ms). Under a short window the blocks
+      are short, their fixed costs decide, and the model misranked the tiles in 9 of the
+      record's 27 windowed keys (by up to 1.16x): there both are timed.
 
    A key left with one candidate is not timed at all: a chunked 16k prefill at d 64 then
    costs cold what it costs warm.
@@ -127,11 +129,13 @@ def model_times(candidates: Iterable[KernelConfig], work: Work | None) -> dict[s
     return {name: x / best for name, x in t.items()}
 
 
-def prune_by_model(candidates: Iterable[KernelConfig], arch: str,
-                   work: Work | None = None) -> tuple[KernelConfig, ...]:
+def prune_by_model(candidates: Iterable[KernelConfig], arch: str, work: Work | None = None,
+                   modelled: dict[str, float] | None = None) -> tuple[KernelConfig, ...]:
     """``candidates`` less those the model of the work rules out on ``arch`` for ``work``
     (module docstring, rules a-c; b and c need ``work``). Elsewhere, and under
-    ``HIPKERNEL_TUNE=full``, unchanged."""
+    ``HIPKERNEL_TUNE=full``, unchanged. ``modelled``: ``model_times(candidates, work)``
+    where the caller has computed it (rules a and b keep every wgmma tile, so rule c's
+    ratios are the same before and after them)."""
     cands = tuple(candidates)
     if not has_mma(arch) or Autotuner.full():
         return cands
@@ -141,7 +145,10 @@ def prune_by_model(candidates: Iterable[KernelConfig], arch: str,
     full = work.window < 0 or work.window >= FULL_WINDOW
     if has_wgmma(arch) and full and not work.ragged and any(c.path == "wgmma" for c in cands):
         cands = tuple(c for c in cands if c.path != "mma")  # b
-    modelled = model_times(cands, work)
+    if not full:
+        return cands
+    if modelled is None:
+        modelled = model_times(cands, work)
     return tuple(c for c in cands if modelled.get(c.name, 1.0) <= MODEL_KEEP)  # c
 
 

@@ -55,6 +55,7 @@ class CudaRuntime:
     def __init__(self):
         self._backends: dict[int, object] = {}
         self._lock = threading.Lock()
+        self._raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
     def accepts(self, t: torch.Tensor) -> bool:
         return t.is_cuda
@@ -79,10 +80,9 @@ class CudaRuntime:
     def stream_of(self, index: int) -> int:
         """:meth:`stream` of the device with this index, by torch's raw-stream query where it
         has one (a fraction of a microsecond, against a few for a Stream object)."""
-        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-        if raw is None:
+        if self._raw_stream is None:
             return self.stream(torch.device("cuda", index))
-        return raw(index)
+        return self._raw_stream(index)
 
     def capturing(self, device: torch.device) -> bool:
         return torch.cuda.is_current_stream_capturing()
@@ -247,8 +247,8 @@ def _attention(q, k, v, past_len, q_len, window, sink, smooth_softmax, scale, ou
         ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
                 0 if sink is None else sink.data_ptr())
         if not (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15:
-            g.call(q=ptrs[0], k=ptrs[1], v=ptrs[2], sink=ptrs[4], out=ptrs[3], past_len=past_len,
-                   stream=RUNTIME.stream_of(g.index))
+            g.call.enqueue(ptrs[0], ptrs[1], ptrs[2], ptrs[4], ptrs[3], past_len,
+                           RUNTIME.stream_of(g.index))
             return out
     for name, t in (("q", q), ("k", k), ("v", v)):
         _contiguous(name, t)

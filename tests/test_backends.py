@@ -149,6 +149,26 @@ def test_cache_key_changes_with_each_input(change):
     assert _key(**change) != _key()
 
 
+def test_source_digest_is_the_sha256_kept_per_text(monkeypatch):
+    """The source's digest is its sha256, computed once per text: a text seen again is not
+    hashed again, an edited one is, and the store is emptied at its cap."""
+    import hashlib
+
+    from hipkernel.backends import _cache
+
+    monkeypatch.setattr(_cache, "_SOURCE_DIGESTS", {})
+    real = hashlib.sha256
+    assert _cache.source_digest(SRC) == real(SRC.encode()).hexdigest()
+    hashed = []
+    monkeypatch.setattr(_cache.hashlib, "sha256", lambda b=b"": hashed.append(b) or real(b))
+    assert _cache.source_digest(SRC) == real(SRC.encode()).hexdigest() and hashed == []
+    edited = SRC + "// edited\n"
+    assert _cache.source_digest(edited) == real(edited.encode()).hexdigest() and len(hashed) == 1
+    monkeypatch.setattr(_cache, "_SOURCE_DIGESTS_MAX", 2)
+    _cache.source_digest(SRC + "// third\n")
+    assert len(_cache._SOURCE_DIGESTS) == 1
+
+
 def test_cache_key_follows_header_contents(tmp_path):
     (tmp_path / "portable.h").write_text("#define A 1\n")
     before = _key(include_dirs=[tmp_path])
@@ -187,6 +207,25 @@ def test_second_process_hits_disk_and_does_not_compile(cache_dir):
     assert k2.from_disk and k2.key == k1.key
     assert k2.function == (b"BIN:" + SRC.encode(), "k")
     assert (k2.info.regs, k2.info.smem, k2.info.log) == (42, 128, "fake log")
+
+
+def test_a_loaded_kernel_is_found_again_without_its_cache_key(host, monkeypatch, tmp_path):
+    """A compile of a source and defines loaded before returns that kernel without
+    computing the cache key again; other defines, another kernel name or include dirs
+    (whose headers can change) go through the key."""
+    from hipkernel.backends import _cache
+
+    k1 = host.compile(SRC, {"SCALE": 2, "B": 1}, "k")
+    keyed = []
+    real = _cache.cache_key
+    monkeypatch.setattr(backends, "cache_key", lambda **kw: keyed.append(kw) or real(**kw))
+    assert host.compile(SRC, {"B": 1, "SCALE": 2}, "k") is k1 and keyed == []
+    assert host.compile(SRC, {"SCALE": 3, "B": 1}, "k") is not k1 and len(keyed) == 1
+    assert host.compile(SRC, {"SCALE": 2, "B": 1}, "other").name == "other" and len(keyed) == 2
+    host.compile(SRC, {"SCALE": 2, "B": 1}, "k", include_dirs=[tmp_path])
+    host.compile(SRC, {"SCALE": 2, "B": 1}, "k", include_dirs=[tmp_path])
+    assert len(keyed) == 4
+    assert host.compiles == 3  # SCALE 2, SCALE 3, and SCALE 2 with include dirs
 
 
 def test_two_kernels_of_one_module_compile_once(host):

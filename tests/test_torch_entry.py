@@ -89,8 +89,14 @@ def test_a_geometry_is_prepared_once_then_patched(rt):
         assert _launches(rt.be)[-1]["args"][9] == past
     assert rt.be.prepares == 1 and len(ht._GEOMETRIES) == 1
     assert sum(c[0] == "compile" for c in rt.be.calls) == 1
+    sinks = [torch.zeros(4, dtype=torch.float16) for _ in range(3)]
+    for past, sink in zip((3, 3, 2), sinks):  # the sink's buffer is patched per call too
+        ht.attention(q, k, v, past_len=past, sink=sink)
+        assert _launches(rt.be)[-1]["args"][3] == sink.data_ptr()
+        assert _launches(rt.be)[-1]["args"][9] == past
+    assert rt.be.prepares == 2 and len(ht._GEOMETRIES) == 2  # a per-head sink: its own geometry
     ht.attention(q, k, v, past_len=4, window=16)  # another geometry
-    assert rt.be.prepares == 2 and len(ht._GEOMETRIES) == 2
+    assert rt.be.prepares == 3 and len(ht._GEOMETRIES) == 3
 
 
 def test_out_is_filled_when_given(rt):

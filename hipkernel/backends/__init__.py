@@ -211,7 +211,8 @@ def _pack(i: int, ctype, value):
             raise ValueError(f"{where}: pointer {addr:#x} out of range")
         return ctypes.c_void_p(addr)
     if ctype in _INT_TYPES or ctype in _UINT_TYPES:
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        if type(value) is not int and (isinstance(value, bool)
+                                       or not isinstance(value, numbers.Integral)):
             raise TypeError(f"{where}: {ctype.__name__} needs an int, got {value!r}")
         v = int(value)
         if ctype in _INT_TYPES:
@@ -223,7 +224,8 @@ def _pack(i: int, ctype, value):
             raise ValueError(f"{where}: {v} does not fit {ctype.__name__}")
         return ctype(v)
     if ctype in _FLOAT_TYPES:
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        if type(value) is not float and (isinstance(value, bool)
+                                         or not isinstance(value, numbers.Real)):
             raise TypeError(f"{where}: {ctype.__name__} needs a real number, got {value!r}")
         return ctype(float(value))
     if ctype is TensorMap:
@@ -411,6 +413,7 @@ class Backend:
     def __init__(self, cache: DiskCache | None = None):
         self.disk_cache = cache if cache is not None else DiskCache()
         self._kernels: dict[tuple[str, str], Kernel] = {}
+        self._loaded: dict[tuple, Kernel] = {}  # (source, defines, kernel name) -> kernel
         self._modules: dict[str, object] = {}
         self._results: dict[str, CompileResult] = {}
         self._live: dict[int, int] = {}  # device address -> nbytes
@@ -488,6 +491,19 @@ class Backend:
         arch, backend, compiler version). Raises :class:`CompileError` with the full log."""
         defines = dict(defines or {})
         include_dirs = [str(d) for d in include_dirs]
+        # A kernel loaded before from this source and these defines is found without its
+        # cache key (options, headers, a sha256 of the source), which is most of a new
+        # launch plan's host time. Not with include dirs: their headers can change between
+        # calls, and the key's digest of them notices.
+        memo = None
+        if not include_dirs:
+            try:
+                memo = (source, tuple(sorted(defines.items())), kernel_name)
+                hit = self._loaded.get(memo)
+            except TypeError:  # a define value that cannot be hashed: the keyed path names it
+                memo = hit = None
+            if hit is not None:
+                return hit
         options = self._compile_options(defines, include_dirs)
         key = cache_key(source=source, options=options, arch=self.arch, backend=self.name,
                         compiler_version=self.compiler_version, include_dirs=include_dirs)
@@ -515,6 +531,8 @@ class Backend:
         kern = Kernel(kernel_name, self._get_function(module, kernel_name), module, key, info,
                       from_disk, max(0, DEFAULT_DYNAMIC_SHARED - (info.smem or 0)))
         self._kernels[(key, kernel_name)] = kern
+        if memo is not None:
+            self._loaded[memo] = kern
         return kern
 
     def _cached_compile(self, key, source, defines, include_dirs) -> tuple[CompileResult, bool]:
