@@ -6,6 +6,9 @@
 #   OUT=dir bash scripts/ncu_h200.sh "gptoss-16384@0 wgmma_m12_b128_ws" "gptoss-16384@0 peer:fa4"
 #     (peer:NAME: a bench peer on the same shape, scripts/ncu_profile.py --peer; its kernels
 #      are matched by PEER_KERNEL, default FlashAttention's forward, regex:(?i)flash)
+# SOURCE=1 adds a third run per spec with the source-level sampling (WarpStateStats,
+# SourceCounters), its SASS listing exported ($OUT/ncu-source-TAG-sass.csv) and summarized by
+# scripts/ncu_sass_stalls.py (by stall reason and by opcode; --phase for stretches of a loop).
 # A PYTHONPATH already set is kept after `.` (where a pip --target install of the peer lives).
 set -u
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 HIPKERNEL_CACHE_DIR=${HIPKERNEL_CACHE_DIR:-/tmp/hkcache}
@@ -30,4 +33,12 @@ for spec in "$@"; do
   echo "ncu metrics exit $?"
   grep -E "Duration|Throughput|Achieved Occupancy|Registers Per|hmma|pipe_xu|mem_shared|stalled" \
       "$OUT/ncu-$TAG.txt" "$OUT/ncu-metrics-$TAG.txt" | sed 's/^[^:]*://' | head -24
+  if [ "${SOURCE:-0}" = 1 ]; then
+    REP="$OUT/ncu-source-$TAG"
+    timeout 200 ncu --clock-control none --section WarpStateStats --section SourceCounters \
+        -k "$KERNEL" -s 2 -c 1 -f -o "$REP" python3 scripts/ncu_profile.py "$1" "${WHAT[@]}" > "$REP.log" 2>&1
+    echo "ncu source exit $?"
+    ncu --import "$REP.ncu-rep" --page source --csv --print-source sass > "$REP-sass.csv" 2> "$REP-sass.err"
+    python3 scripts/ncu_sass_stalls.py "$REP-sass.csv" --json "$REP-stalls.json" | head -24
+  fi
 done

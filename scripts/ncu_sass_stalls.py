@@ -1,0 +1,173 @@
+"""Where a kernel's warps spend their time, instruction by instruction, from Nsight Compute's
+warp stall sampling. Reads the SASS listing of a report taken with the source-level sections,
+
+    ncu --clock-control none --section WarpStateStats --section SourceCounters \\
+        -k gqa_flash_prefill -s 2 -c 1 -o REP python3 scripts/ncu_profile.py SHAPE --config C
+    ncu --import REP.ncu-rep --page source --csv --print-source sass > REP-sass.csv
+
+(``OUT=dir SOURCE=1 bash scripts/ncu_h200.sh "SHAPE CONFIG"`` does both) and prints the share of
+the stall samples by stall reason and by opcode, and, with ``--phase``, by stretches of the
+listing:
+
+    python scripts/ncu_sass_stalls.py REP-sass.csv
+    python scripts/ncu_sass_stalls.py REP-sass.csv --lines 3e6        # the hot lines, indexed
+    python scripts/ncu_sass_stalls.py REP-sass.csv --phase exp2=1140-1206 --phase max=980-1068
+
+A phase is NAME=FIRST-LAST, line indices of the listing as ``--lines`` prints them (both
+included): the stretches of a loop (its wgmma issue, its exp2, ...) are read off that listing.
+Every share is of all the samples of the kernel, its producer warps' included. ``--json PATH``
+also writes the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SAMPLES = "Warp Stall Sampling (All Samples)"
+EXECUTED = "Instructions Executed"
+_PHASE = re.compile(r"(?P<name>[\w.-]+)=(?P<first>\d+)-(?P<last>\d+)\Z")
+
+
+@dataclass
+class Line:
+    index: int
+    source: str
+    samples: int
+    executed: int
+    stalls: dict = field(default_factory=dict)  # reason (without "stall_") -> samples
+
+    @property
+    def opcode(self) -> str:
+        """The opcode without its predicate and modifiers: ``@!P0 MUFU.EX2 R4, R4`` -> MUFU."""
+        words = self.source.split()
+        if words and words[0].startswith("@"):
+            words = words[1:]
+        return words[0].split(".")[0] if words else "?"
+
+
+def _int(text: str) -> int:
+    text = text.strip().replace(",", "")
+    return int(float(text)) if text not in ("", "-") else 0
+
+
+def read(path) -> list[Line]:
+    """The SASS lines of an ``ncu --page source --csv --print-source sass`` export, in order;
+    ValueError naming the file when it has no such listing."""
+    path = Path(path)
+    try:
+        rows = list(csv.reader(path.open(newline="")))
+    except OSError as e:
+        raise ValueError(f"csv: cannot read {path}: {e.strerror}") from None
+    at = next((i for i, r in enumerate(rows) if r[:2] == ["Address", "Source"]), None)
+    if at is None or SAMPLES not in rows[at] or EXECUTED not in rows[at]:
+        raise ValueError(f"csv: {path} is not a SASS listing with warp stall sampling (export it "
+                         f"with: ncu --import REP.ncu-rep --page source --csv --print-source sass)")
+    header = rows[at]
+    col = {name: i for i, name in enumerate(header)}
+    reasons = [h for h in header if h.startswith("stall_") and "(Not Issued)" not in h]
+    lines = []
+    for row in rows[at + 1:]:
+        if len(row) < len(header):
+            continue
+        lines.append(Line(len(lines), row[col["Source"]].strip(), _int(row[col[SAMPLES]]),
+                          _int(row[col[EXECUTED]]),
+                          {r[len("stall_"):]: _int(row[col[r]]) for r in reasons}))
+    if not lines:
+        raise ValueError(f"csv: {path} lists no SASS lines")
+    return lines
+
+
+def parse_phase(spec: str) -> tuple[str, int, int]:
+    m = _PHASE.match(spec.strip())
+    if m is None or int(m["first"]) > int(m["last"]):
+        raise ValueError(f"phase: expected NAME=FIRST-LAST (line indices, FIRST <= LAST), got {spec!r}")
+    return m["name"], int(m["first"]), int(m["last"])
+
+
+def summary(lines: list[Line], phases=()) -> dict:
+    """Samples by stall reason, by opcode and by phase, each with its share of the total."""
+    total = sum(x.samples for x in lines)
+
+    def share(n: int) -> float:
+        return n / total if total else 0.0
+
+    reasons: dict[str, int] = {}
+    opcodes: dict[str, dict] = {}
+    for x in lines:
+        for r, n in x.stalls.items():
+            reasons[r] = reasons.get(r, 0) + n
+        o = opcodes.setdefault(x.opcode, {"samples": 0, "wait": 0, "executed": 0})
+        o["samples"] += x.samples
+        o["wait"] += x.stalls.get("wait", 0)
+        o["executed"] += x.executed
+    for o in opcodes.values():
+        o["share"], o["wait_share"] = share(o["samples"]), share(o["wait"])
+    out_phases = {}
+    for name, first, last in phases:
+        if last >= len(lines):
+            raise ValueError(f"phase: {name}={first}-{last} is past the listing's last line "
+                             f"{len(lines) - 1}")
+        n = sum(x.samples for x in lines[first:last + 1])
+        out_phases[name] = {"first": first, "last": last, "samples": n, "share": share(n)}
+    return {"samples": total, "lines": len(lines),
+            "reasons": {r: {"samples": n, "share": share(n)}
+                        for r, n in sorted(reasons.items(), key=lambda kv: -kv[1])},
+            "opcodes": dict(sorted(opcodes.items(), key=lambda kv: -kv[1]["samples"])),
+            "phases": out_phases}
+
+
+def hot_lines(lines: list[Line], min_executed: float) -> list[Line]:
+    return [x for x in lines if x.executed >= min_executed]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("csv", help="ncu --import REP.ncu-rep --page source --csv --print-source sass")
+    ap.add_argument("--phase", action="append", default=[], metavar="NAME=FIRST-LAST",
+                    help="a stretch of the listing (line indices, both included); repeatable")
+    ap.add_argument("--lines", type=float, default=None, metavar="N",
+                    help="also list the lines executed at least N times, with their index")
+    ap.add_argument("--top", type=int, default=15, help="opcodes and reasons listed (default 15)")
+    ap.add_argument("--json", type=Path, default=None, help="also write the numbers here")
+    args = ap.parse_args(argv)
+    try:
+        lines = read(args.csv)
+        phases = [parse_phase(p) for p in args.phase]
+        doc = summary(lines, phases)
+    except ValueError as e:
+        print(f"ncu_sass_stalls: error: {e}", file=sys.stderr)
+        return 2
+    print(f"{args.csv}: {doc['samples']} samples over {doc['lines']} SASS lines")
+    print("by stall reason:")
+    for r, v in list(doc["reasons"].items())[:args.top]:
+        print(f"  {r:20s} {v['samples']:9d} {100 * v['share']:5.1f} %")
+    print("by opcode (samples, of them 'wait', executed):")
+    for o, v in list(doc["opcodes"].items())[:args.top]:
+        print(f"  {o:12s} {100 * v['share']:5.1f} % {100 * v['wait_share']:5.1f} % {v['executed']:14,d}")
+    if doc["phases"]:
+        print("by phase:")
+        for name, v in doc["phases"].items():
+            print(f"  {name:20s} lines {v['first']}-{v['last']}: {v['samples']:9d} {100 * v['share']:5.1f} %")
+    if args.lines is not None:
+        print(f"lines executed at least {args.lines:g} times (index, executed, samples, top reasons):")
+        for x in hot_lines(lines, args.lines):
+            top = " ".join(f"{r}:{n}" for r, n in sorted(x.stalls.items(), key=lambda kv: -kv[1])[:3] if n)
+            print(f"  {x.index:5d} {x.executed:12,d} {x.samples:7d}  {x.source[:64]:64s} {top}")
+    if args.json is not None:
+        try:
+            args.json.write_text(json.dumps({"csv": str(args.csv), **doc}, indent=1) + "\n")
+        except OSError as e:
+            print(f"ncu_sass_stalls: error: --json: cannot write {args.json}: {e.strerror}",
+                  file=sys.stderr)
+            return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
