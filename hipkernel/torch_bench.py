@@ -149,21 +149,20 @@ def _enqueue_us(T, fn, n: int = 500) -> float:
 def enqueue_breakdown(T, ht) -> dict:
     """Where the host time of a warm call of the first host geometry goes, each part timed
     on its own behind a GPU hold: the whole call, the output's allocation, and the
-    prepared launch (``api.PreparedCall``, the driver's enqueue included) with the call's
-    pointers."""
+    prepared launch as the warm call makes it (``api.PreparedCall.enqueue``, the driver's
+    enqueue included) with the call's pointers."""
     Sq, past, window = HOST_GEOMETRIES[0]
     q, k, v, sink = _tensors(T, Sq=Sq, past=past, seed=3)
     out = T.empty_like(q)
     ht.attention(q, k, v, past_len=past, window=window, sink=sink)
     call = ht._geometry(q, k, v, sink, window, False, None, None).call
-    ptrs = dict(q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), sink=sink.data_ptr(),
-                out=out.data_ptr(), past_len=past)
-    stream = ht.RUNTIME.stream_of(q.device.index)
+    ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), sink.data_ptr(), out.data_ptr(), past,
+            ht.RUNTIME.stream_of(q.device.index))
     return {"call_us": _enqueue_us(T, lambda: ht.attention(q, k, v, past_len=past, window=window, sink=sink)),
             "call_with_out_us": _enqueue_us(T, lambda: ht.attention(q, k, v, past_len=past, window=window,
                                                                     sink=sink, out=out)),
             "empty_like_us": _enqueue_us(T, lambda: T.empty_like(q)),
-            "prepared_launch_us": _enqueue_us(T, lambda: call(**ptrs, stream=stream))}
+            "prepared_launch_us": _enqueue_us(T, lambda: call.enqueue(*ptrs))}
 
 
 def host_overhead(T, ht, n: int = 500) -> list[dict]:
