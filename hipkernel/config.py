@@ -116,9 +116,13 @@ WGMMA_QSMEM_M_TILES = (12,)
 # Lazy rescaling on the wgmma path at d = 64: a warp's rows keep their running max (and acc,
 # l stay relative to it) until one row's grows by more than 2^WGMMA_RESCALE_LOG2, so most
 # tiles skip the acc *= alpha of the online softmax (hipkernel.model mirrors it). On the
-# H200 (wgmma_m16_b64) 16384@0 ran 3.6 % faster (6.319 against 6.552 ms), 512@8192 4 %;
-# at d = 128 (the ws tile) it did not pay (6.346 against 6.311).
+# H200 (wgmma_m16_b64) 16384@0 ran 3.6 % faster (6.319 against 6.552 ms), 512@8192 4 %.
+# At d = 128 it did not pay on the ws tile before the intra-warpgroup overlap (6.346
+# against 6.311); with it, where every tile's 64 acc *= alpha a thread wait for the owed
+# P.V, it does: on an H100 (hipkernel.ab, wgmma_m8_b128_ws, four passes) 16384@0 3.666-3.692
+# ms against 3.724-3.753, 512@8192 0.1148-0.1185 against 0.1168-0.1233.
 WGMMA_RESCALE_LOG2 = 8
+WGMMA_RESCALE_HEAD_DIMS = (64, 128)
 # Row sums on the tensor cores on the wgmma path at d = 64 (``rowsum_mma``; the kernel's
 # ROWSUM_MMA): l += P . 1, one m64n8k16 wgmma a 16-key step beside P.V's, against a 2 KiB
 # block of fp16 ones after the K/V stages (before their mbarriers): l then sums the fp16 P
@@ -373,9 +377,9 @@ class KernelConfig:
 
     def rescale_log2(self, d: int) -> int:
         """The lazy-rescaling threshold at head dim ``d`` (``WGMMA_RESCALE_LOG2`` on the
-        wgmma path at d = 64, else 0: every tile rescales). It changes the rounding, so the
-        model follows it."""
-        return WGMMA_RESCALE_LOG2 if self.path == "wgmma" and d == 64 else 0
+        wgmma path at ``WGMMA_RESCALE_HEAD_DIMS``, else 0: every tile rescales). It changes
+        the rounding, so the model follows it."""
+        return WGMMA_RESCALE_LOG2 if self.path == "wgmma" and d in WGMMA_RESCALE_HEAD_DIMS else 0
 
     def rowsum_mma(self, d: int) -> bool:
         """Whether the row sums l run on the tensor cores at head dim ``d`` (the wgmma path at

@@ -48,7 +48,7 @@ KV tiles t = t0 .. ceil(kv_end / BKV) - 1, keys j in [t*BKV, t*BKV + BKV):
           acc   = acc * alpha + sum_j p_j * v_j
           m     = m_new
 
-Lazy rescaling (the wgmma path at d = 64: T = ``config.rescale_log2(d)`` > 0): the 16 rows
+Lazy rescaling (the wgmma path at d = 64 and 128: T = ``config.rescale_log2(d)`` > 0): the 16 rows
 of a warp (rows [i0 + 16 w, i0 + 16 w + 16) of the Q tile) take m_new = m, so alpha = 1 and
 acc, l stay relative to the old m, unless one of them has c2 max_j s_j > m + T; then all 16
 update as above. So p_j <= 2^T, and a row that has seen nothing (m = -inf) always updates

@@ -634,7 +634,8 @@ def test_ws_config_geometry_and_shared_memory():
     assert c.grid(1000, 64, 2) == plain.grid(1000, 64, 2) == (8, 64, 2)
     assert (c.kv_stages(128), c.smem_bytes(128)) == (6, 6 * 2 * 64 * 128 * 2) == (6, 192 * 1024)
     assert c.dynamic_smem_bytes(128) == 192 * 1024 + 6 * 16 + 16  # + the TMA first-tile barrier, the sink word
-    assert c.defines(128) == {"HEAD_DIM": 128, "M_TILES": 8, "BKV": 64, "KV_STAGES": 6, "WS": 1}
+    assert c.defines(128) == {"HEAD_DIM": 128, "M_TILES": 8, "BKV": 64, "KV_STAGES": 6, "WS": 1,
+                              "RESCALE_LOG2": 8}
     assert "WS" not in plain.defines(128) and plain.kv_stages(128) == 3
     # 128-key tiles at d = 128 (the tuner's ws tile) are 64 KiB a stage: three fit in 192 KiB
     # (plain: one in 96)
@@ -766,15 +767,20 @@ def test_amd_matrix_core_model_is_the_mma_model(path, m_tiles, bkv):
                                 mutants={"window_mask_off_by_one"}), expected)
 
 
-def test_lazy_rescaling_is_the_wgmma_d64_rule():
-    """Lazy rescaling is on for the wgmma path at d = 64 only, and reaches the kernel as
-    RESCALE_LOG2; elsewhere the macro is absent (the kernel's default, 0)."""
+def test_lazy_rescaling_is_the_wgmma_rule():
+    """Lazy rescaling is on for the wgmma path at d = 64 and 128, and reaches the kernel as
+    RESCALE_LOG2; elsewhere (the other paths, the wgspan tile) the macro is absent (the
+    kernel's default, 0)."""
     for cfg in (KernelConfig(16, 64, "wgmma"), KernelConfig(4, 32, "wgmma"), KernelConfig(8, 64, "wgmma", ws=True)):
         assert cfg.rescale_log2(64) == WGMMA_RESCALE_LOG2 == 8
         assert cfg.defines(64)["RESCALE_LOG2"] == 8
-        assert cfg.rescale_log2(128) == 0 and "RESCALE_LOG2" not in cfg.defines(128)
+    d128 = KernelConfig(8, 128, "wgmma", ws=True)
+    assert d128.rescale_log2(128) == 8 and d128.defines(128)["RESCALE_LOG2"] == 8
     for cfg in (DEFAULT, KernelConfig(4, 64, "mma"), KernelConfig(8, 64, "mma", 2)):
         assert cfg.rescale_log2(64) == 0 and "RESCALE_LOG2" not in cfg.defines(64)
+        assert cfg.rescale_log2(128) == 0 and "RESCALE_LOG2" not in cfg.defines(128)
+    span = WGSPAN_CANDIDATES[0]
+    assert span.rescale_log2(64) == 0 and "RESCALE_LOG2" not in span.defines(64)
 
 
 def test_rowsum_mma_is_the_wgmma_d64_rule():

@@ -176,6 +176,22 @@
 #ifndef ROWSUM_MMA
 #define ROWSUM_MMA 0
 #endif
+// ROWSUM_N72 (with ROWSUM_MMA at d 64, on by default there): the row sums as the ninth
+// 8-column block of P.V, one m64n72k16 wgmma a 16-key step instead of an m64n64k16 and an
+// m64n8k16: B's columns 64-71 are read from the ones, a column block away from the V tile
+// (the descriptor's LBO, set per stage and 16-key step). Bit-identical to the separate
+// m64n8k16; an m64n8k16 took the issuing warp about half an m64n64k16's time (ncu's stall
+// sampling on wgmma_m12_b128_ws). On an H100 (hipkernel.ab, same process, three passes):
+// wgmma_m12_b128_ws 16384@0 4.543-4.564 ms against 4.579-4.605, B4 4096@4096 3.494-3.496
+// against 3.512-3.538, 128@8192 0.0861-0.0873 against 0.0870-0.0881; wgmma_m16_b64 16384@0
+// 4.697-4.705 against 4.780-4.811, 512@8192 0.1472-0.1501 against 0.1534-0.1544,
+// 2048@14336 1.136-1.138 against 1.155-1.158.
+#ifndef ROWSUM_N72
+#define ROWSUM_N72 (ROWSUM_MMA && HEAD_DIM == 64)
+#endif
+#if ROWSUM_N72 && (!ROWSUM_MMA || HEAD_DIM != 64)
+#error "ROWSUM_N72 needs ROWSUM_MMA at HEAD_DIM 64"
+#endif
 #define ONES_BYTES (ROWSUM_MMA ? 2048 : 0)
 #define BARS_AT (KV_STAGES * 2u * TILE_BYTES + ONES_BYTES)  // the mbarriers' byte offset
 #define ONES_DESC (KV_STAGES * 2u * TILE_BYTES >> 4)  // from K stage 0's descriptor to theirs
@@ -252,10 +268,15 @@
 // 4.588 / 4.606 ms against 4.688 / 4.696, 512@8192 0.1370 / 0.1371 against 0.1407 / 0.1409. With the TMA producer it still pays without
 // OVERLAP (512@8192 0.1228 / 0.1224 against 0.1260 / 0.1259 without it; 16384@0 4.17 / 4.19
 // against 4.19 / 4.20), and not with it (16384@0 4.02 / 4.05 against 4.03 / 4.02, 512@8192
-// 0.1191 / 0.1217 against 0.1188 / 0.1198): on with the producer unless OVERLAP is.
+// 0.1191 / 0.1217 against 0.1188 / 0.1198): on with the producer unless OVERLAP is, and
+// with OVERLAP on the three consumer warpgroups (M_TILES 12), where the token passes round
+// all three as in FlashAttention-4's sm90 forward: with the row sums in P.V (ROWSUM_N72) on
+// an H100 (hipkernel.ab, three passes) 128@8192 0.0838-0.0850 ms against 0.0861-0.0873
+// without it, B4 4096@4096 3.466-3.484 against 3.494-3.496, 16384@0 4.514-4.569 against
+// 4.543-4.564.
 #define NWG (M_TILES / 4)  // warpgroups that own rows
 #ifndef PINGPONG
-#define PINGPONG (WS && !OVERLAP)
+#define PINGPONG (WS && (!OVERLAP || NWG == 3))
 #endif
 #if PINGPONG && NWG < 2
 #error "PINGPONG passes a token between warpgroups: M_TILES >= 8"
@@ -564,6 +585,15 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     const float c2 = scale * LOG2E;  // s2 = c2 * dot(q, k): logits in exp2 space
 
     float m[2] = {row_max_init(), row_max_init()};
+#if ROWSUM_N72
+    float oa[NB_O + 1][4];  // acc and the row sums, one D fragment of n = 72
+#pragma unroll
+    for (int nd = 0; nd < NB_O + 1; ++nd)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) oa[nd][e] = 0.0f;
+    float (&o)[NB_O][4] = *reinterpret_cast<float (*)[NB_O][4]>(&oa[0][0]);
+    float (&ls)[1][4] = *reinterpret_cast<float (*)[1][4]>(&oa[NB_O][0]);
+#else
 #if ROWSUM_MMA
     float ls[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};  // the row sums, a D fragment of n = 8: ls[0][2 r], [2 r + 1] row g + 8 r's l
 #else
@@ -574,6 +604,7 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     for (int nd = 0; nd < NB_O; ++nd)
 #pragma unroll
         for (int e = 0; e < 4; ++e) o[nd][e] = 0.0f;
+#endif
 
 #if !WS  // every thread loads its share of the tiles
     const hk_u64 kv_base = ((hk_u64)kv_b * Hkv + kvh) * (hk_u64)S_cap * HEAD_DIM;
@@ -705,10 +736,20 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     auto pv = [&](const unsigned int (&pa)[KC_P][4], unsigned int v_lo) {
         fence_acc();
         hk_wgmma_fence();
+#if ROWSUM_N72
+        // the low word: the V tile's address and, as LBO, the distance from it to the ones;
+        // each 16-key step moves the first 2048 bytes on and the second 2048 bytes back
+        const unsigned int va = v_lo & 0x3FFFu, ones = (k_lo0 + ONES_DESC) & 0x3FFFu;
+        const unsigned int lo72 = va | ((ones - va) << 16);
+#pragma unroll
+        for (int kc = 0; kc < KC_P; ++kc)
+            hk_wgmma_n72<1, DESC_SW128 | 64u>(oa, pa[kc], lo72 + ((2048u >> 4) - ((2048u >> 4) << 16)) * kc, 1);
+#else
 #pragma unroll
         for (int kc = 0; kc < KC_P; ++kc)  // 16 keys on: two 8-key groups of 1024 bytes
             hk_wgmma<HEAD_DIM, 1, DESC_SW128 | 64u>(o, pa[kc], v_lo + (2048u >> 4) * kc, 1);
-#if ROWSUM_MMA
+#endif
+#if ROWSUM_MMA && !ROWSUM_N72
 #pragma unroll
         for (int kc = 0; kc < KC_P; ++kc) hk_wgmma<8, 1, DESC_SW128 | 64u>(ls, pa[kc], k_lo0 + ONES_DESC, 1);
 #endif

@@ -211,6 +211,18 @@ HK_INLINE void hk_wgmma_n64(float (&d)[8][4], const unsigned int (&a)[4], unsign
                  : HK_WGMMA_ACC_N64 : HK_WGMMA_INPUTS);
 }
 
+#define HK_WGMMA_ACC_N72 HK_WGMMA_ACC_N64, HK_WGMMA_ACC8(8)
+#define HK_WGMMA_REGS_N72 \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35}, "
+// n = 72: P.V at d 64 with the row sums as a ninth 8-column block (ROWSUM_N72).
+template <int TRANS_B, unsigned int DESC_HI>
+HK_INLINE void hk_wgmma_n72(float (&d)[9][4], const unsigned int (&a)[4], unsigned int desc_lo,
+                            int accumulate) {
+    asm volatile(HK_WGMMA_HEAD(40, 41, 42) "wgmma.mma_async.sync.aligned.m64n72k16.f32" HK_MMA_AB " "
+                 HK_WGMMA_REGS_N72 "{%36, %37, %38, %39}, " HK_WGMMA_TAIL(43)
+                 : HK_WGMMA_ACC_N72 : HK_WGMMA_INPUTS);
+}
+
 template <int TRANS_B, unsigned int DESC_HI>
 HK_INLINE void hk_wgmma_n128(float (&d)[16][4], const unsigned int (&a)[4], unsigned int desc_lo,
                             int accumulate) {
