@@ -307,12 +307,13 @@ def test_wgmma_config_needs_an_sm90_target():
         # sums' 2 KiB of ones and 6 x 16 bytes of mbarriers
         assert launch["shared_mem"] == KernelConfig(8, 64, "wgmma").dynamic_smem_bytes(64) == 98400 + 2048
         # with a producer warpgroup (a config dict says ws): 128 more threads, -DWS=1, and
-        # its own stage budget at d = 128 (3 x 64 KiB of 128-key tiles)
+        # its own stage budget at d = 128 (3 x 64 KiB of 128-key tiles), lazy rescaling
         geom128 = {**geom, "d": 128}
         assert api.flash_prefill_v3(be, 0x100, 0x200, 0x300, 0, 0x500, **geom128,
                                     config={"path": "wgmma", "m_tiles": 8, "bkv": 128, "ws": True}) == 0
         launch = be.launches[-1]
-        assert launch["kernel"] == {"HEAD_DIM": 128, "M_TILES": 8, "BKV": 128, "KV_STAGES": 3, "WS": 1}
+        assert launch["kernel"] == {"HEAD_DIM": 128, "M_TILES": 8, "BKV": 128, "KV_STAGES": 3, "WS": 1,
+                                    "RESCALE_LOG2": 8}
         assert launch["block"] == (384, 1, 1) and launch["grid"] == (1, 8, 1)
         assert launch["shared_mem"] == 3 * 64 * 1024 + 3 * 16 + 16
     with pytest.raises(ValueError, match="^config: ws: "):  # a producer on the mma path
