@@ -131,6 +131,10 @@ WGMMA_RESCALE_HEAD_DIMS = (64, 128)
 # ran 1.0-1.5 % faster (4.93-4.97 against 5.00-5.05 ms), 512@8192 0.5-1.3 %, 4096@8192
 # 1.6-2.3 %; at d = 128 (the ws tile, whose consumers then spilled 8 bytes) 3.5 % slower.
 WGMMA_ROWSUM_HEAD_DIMS = (64,)
+# The three consumer warpgroups wait for the owed P.V after the exp2 of half the score tile
+# (``pv_wait_split``; the kernel's PV_WAIT_SPLIT, measured in its header), so that the P
+# packing runs among the other half's exp2; the other tiles after all of it.
+WGMMA_PV_WAIT_HALF_M_TILES = (12,)
 WGMMA_ONES_BYTES = 2048
 
 
@@ -387,6 +391,14 @@ class KernelConfig:
         changes the rounding, so the model follows it."""
         return self.path == "wgmma" and d in WGMMA_ROWSUM_HEAD_DIMS
 
+    def pv_wait_split(self) -> int:
+        """The 8-key score blocks whose exp2 run before the wait for the owed P.V (the TMA
+        producer tiles' overlap): half the tile on ``WGMMA_PV_WAIT_HALF_M_TILES``, else all
+        (``bkv // 8``). The order of the same operations: no rounding changes."""
+        if self.path == "wgmma" and self.ws and self.m_tiles in WGMMA_PV_WAIT_HALF_M_TILES:
+            return self.bkv // 16
+        return self.bkv // 8
+
     def fits(self, d: int) -> bool:
         """Whether this config compiles at head dim ``d``: its shared memory fits (48 KiB
         of static memory; on the wgmma path, its minimum of K/V stages in its budget: 2 on
@@ -440,6 +452,8 @@ class KernelConfig:
             defines["RESCALE_LOG2"] = self.rescale_log2(d)
         if self.rowsum_mma(d):
             defines["ROWSUM_MMA"] = 1
+        if self.pv_wait_split() != self.bkv // 8:
+            defines["PV_WAIT_SPLIT"] = self.pv_wait_split()
         if dtype == "bf16":
             defines["HK_BF16"] = 1
         return defines

@@ -70,8 +70,12 @@ HK_INLINE void sink_per_tile_mutant(float& l0, float& l1, const float (&m)[2], b
 // them there; softmax_p, for the wgmma tile's ROWSUM_MMA, which sums the fp16 P on the tensor
 // cores, ignores them). Returns whether acc and the row sums must be scaled by alpha (always,
 // unless lazy rescaling skips it); rescale_acc does it.
-template <int NB_S, class OnP>
-HK_INLINE bool softmax_tile(float (&s)[NB_S][4], float (&m)[2], float (&alpha)[2], float c2, OnP&& on_p) {
+// mid(alpha, rescale), where given, runs after the exp2 of the key blocks [0, SPLIT) and before
+// the rest's (the wgmma tile waits there for its owed P.V, so that what follows the wait can
+// run among the remaining exp2); SPLIT = NB_S: never.
+template <int NB_S, int SPLIT = NB_S, class OnP, class Mid>
+HK_INLINE bool softmax_tile(float (&s)[NB_S][4], float (&m)[2], float (&alpha)[2], float c2, OnP&& on_p,
+                            Mid&& mid) {
     float m_tile[2] = {hk_neg_inf(), hk_neg_inf()};
 #pragma unroll
     for (int nb = 0; nb < NB_S; ++nb)
@@ -108,36 +112,48 @@ HK_INLINE bool softmax_tile(float (&s)[NB_S][4], float (&m)[2], float (&alpha)[2
         alpha[r] = update[r] ? hk_exp2_ftz(m[r] - m_new[r]) : 1.0f;  // 0 when m = -inf
         neg_m[r] = update[r] ? -m_new[r] : 0.0f;
     }
+#if RESCALE_LOG2 > 0
+    const bool scaled = rescale;
+#else
+    const bool scaled = true;
+#endif
 #pragma unroll
-    for (int nb = 0; nb < NB_S; ++nb)
+    for (int nb = 0; nb < NB_S; ++nb) {
+        if (nb == SPLIT) mid(alpha, scaled);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const float pj = hk_exp2_ftz(hk_fma(s[nb][e], c2, neg_m[e >> 1]));
             s[nb][e] = pj;
             on_p(e >> 1, pj);
         }
+    }
 #pragma unroll
     for (int r = 0; r < 2; ++r)
         if (update[r]) m[r] = m_new[r];
-#if RESCALE_LOG2 > 0
-    return rescale;
-#else
-    return true;
-#endif
+    return scaled;
+}
+
+template <int NB_S, class OnP>
+HK_INLINE bool softmax_tile(float (&s)[NB_S][4], float (&m)[2], float (&alpha)[2], float c2, OnP&& on_p) {
+    return softmax_tile<NB_S, NB_S>(s, m, alpha, c2, on_p, [](const float (&)[2], bool) {});
 }
 
 // The step without the row sums (the caller's, on the tensor cores).
+template <int NB_S, int SPLIT = NB_S, class Mid>
+HK_INLINE bool softmax_p(float (&s)[NB_S][4], float (&m)[2], float (&alpha)[2], float c2, Mid&& mid) {
+    return softmax_tile<NB_S, SPLIT>(s, m, alpha, c2, [](int, float) {}, mid);
+}
 template <int NB_S>
 HK_INLINE bool softmax_p(float (&s)[NB_S][4], float (&m)[2], float (&alpha)[2], float c2) {
     return softmax_tile(s, m, alpha, c2, [](int, float) {});
 }
 
 // The step with the row sums in fp32: l = l * alpha + sum_j p_j over the row's 4 lanes.
-template <int NB_S>
+template <int NB_S, int SPLIT = NB_S, class Mid>
 HK_INLINE bool softmax_scores(float (&s)[NB_S][4], float (&m)[2], float (&l)[2], float (&alpha)[2],
-                              float c2, bool has_sink, float sig2) {
+                              float c2, bool has_sink, float sig2, Mid&& mid) {
     float l_tile[2] = {0.0f, 0.0f};
-    const bool rescale = softmax_tile(s, m, alpha, c2, [&](int r, float pj) { l_tile[r] += pj; });
+    const bool rescale = softmax_tile<NB_S, SPLIT>(s, m, alpha, c2, [&](int r, float pj) { l_tile[r] += pj; }, mid);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         l_tile[r] += hk_xor(l_tile[r], 1);  // the row's sum over the whole tile
@@ -146,6 +162,11 @@ HK_INLINE bool softmax_scores(float (&s)[NB_S][4], float (&m)[2], float (&l)[2],
     }
     sink_per_tile_mutant(l[0], l[1], m, has_sink, sig2);
     return rescale;
+}
+template <int NB_S>
+HK_INLINE bool softmax_scores(float (&s)[NB_S][4], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                              float c2, bool has_sink, float sig2) {
+    return softmax_scores<NB_S, NB_S>(s, m, l, alpha, c2, has_sink, sig2, [](const float (&)[2], bool) {});
 }
 
 // acc *= alpha, row by row, when softmax_scores asked for it.

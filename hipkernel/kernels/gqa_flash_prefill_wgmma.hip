@@ -256,6 +256,19 @@
 #ifndef QSMEM
 #define QSMEM 0
 #endif
+// PV_WAIT_SPLIT (with OVERLAP; KernelConfig.pv_wait_split sets it): the owed P.V is waited
+// for after the exp2 of this many 8-key blocks of the scores (of BKV / 8), so that acc's
+// rescale and the packing of those blocks' P run among the rest's exp2 (ptxas keeps code on
+// either side of the wait's vote branch); BKV / 8: after all of them. On the three-consumer
+// tile half of them: on an H100
+// (hipkernel.ab, three passes, bit-identical) 128@8192 0.0820-0.0822 ms against
+// 0.0848-0.0852, B4 4096@4096 3.467-3.468 against 3.471-3.481, 16384@0 4.492-4.503 against
+// 4.487-4.522 (a quarter or three quarters: no better). On the d 128 tile every split was
+// slower (half: 16384@0 3.692-3.701 against 3.626-3.637, 512@8192 0.1243-0.1255 against
+// 0.1145-0.1156).
+#ifndef PV_WAIT_SPLIT
+#define PV_WAIT_SPLIT (BKV / 8)
+#endif
 // PINGPONG: the warpgroups issue their Q K^T wgmma in turn (0, 1, ..., NWG - 1, 0, ...),
 // passing a token on named barriers 1 + w (two warpgroups' threads each), so that one's
 // softmax runs while the next multiplies. On the H200 with four free-running warpgroups
@@ -758,7 +771,7 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     // The softmax of a tile (s becomes P; with fp32 row sums l is updated here); whether acc
     // (and l on the tensor cores) must be scaled by alpha, which `rescale` does once the P.V
     // that adds to them has landed.
-    auto softmax = [&](float (&s)[NB_S][4], float (&alpha)[2]) {
+    [[maybe_unused]] auto softmax = [&](float (&s)[NB_S][4], float (&alpha)[2]) {
 #if ROWSUM_MMA
         return softmax_p(s, m, alpha, c2);
 #else
@@ -836,10 +849,25 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
             }
 #if OVERLAP
             float alpha[2];
+#if PV_WAIT_SPLIT < NB_S
+            // the wait after the exp2 of the first PV_WAIT_SPLIT key blocks: acc's rescale and
+            // the P packing then run among the rest's exp2
+            auto mid = [&](const float (&a)[2], bool sc) {
+                hk_wgmma_wait_all_after(s[PV_WAIT_SPLIT - 1][3]);
+                fence_acc();
+                rescale(a, sc);
+            };
+#if ROWSUM_MMA
+            softmax_p<NB_S, PV_WAIT_SPLIT>(s, m, alpha, c2, mid);
+#else
+            softmax_scores<NB_S, PV_WAIT_SPLIT>(s, m, l, alpha, c2, has_sink, sig2, mid);
+#endif
+#else
             const bool scale = softmax(s, alpha);
             hk_wgmma_wait_all_after(s[NB_S - 1][3]);  // the previous tile's P.V has landed in acc, after the softmax
             fence_acc();
             rescale(alpha, scale);
+#endif
 #pragma unroll
             for (int kc = 0; kc < KC_P; ++kc) p_fragment(pa_p[kc], s, kc);
             if (pending) release(0, prev(st));
