@@ -11,7 +11,9 @@
 //                 sets it, the model follows), ROWSUM_MMA (0 | 1: l summed on the tensor
 //                 cores, below; KernelConfig.rowsum_mma sets it, the model follows),
 //                 HK_BF16 (0 | 1: q, k, v, out, and P before P.V, in bf16; portable.h),
-//                 QSMEM (0 | 1: Q read from shared memory; KernelConfig.qsmem sets it, below)
+//                 QSMEM (0 | 1: Q read from shared memory; KernelConfig.qsmem sets it, below),
+//                 ROWSUM_N72 (the row sums inside P.V's wgmma, below), PV_WAIT_SPLIT
+//                 (where the owed P.V is waited for; KernelConfig.pv_wait_split sets it)
 //   grid          (ceil(Sq / BM), Hq, B), BM = 16 * M_TILES
 //   block         32 * M_TILES threads = M_TILES / 4 warpgroups, + 128 with WS; warpgroup w
 //                 < M_TILES / 4 owns query rows [64 w, 64 w + 64) of the Q tile, its warp x
@@ -44,8 +46,9 @@
 //                kernel, as model.py does for the tensor-core paths) from registers, V from shared memory,
 //                read transposed (MN-major) by the same descriptor mechanism.
 //   l += P 1     with ROWSUM_MMA, one wgmma m64 n8 k16 per 16 keys beside P V's, B the
-//                block of ones: l sums the fp16 P that P V multiplies (else, as in the mma
-//                path, each lane sums its fp32 p and the row's 4 lanes add theirs up).
+//                block of ones (with ROWSUM_N72 the ninth 8-column block of P V's, n = 72): l
+//                sums the fp16 P that P V multiplies (else, as in the mma path, each lane
+//                sums its fp32 p and the row's 4 lanes add theirs up).
 // A warpgroup's S and O fragments are, warp by warp, exactly the mma path's, so the softmax
 // is the same code. A warpgroup skips a KV tile none of its 64 rows sees; as in the mma path
 // that is bit-identical to walking it, except under no_nan_guard, tail_unmasked and
@@ -260,12 +263,11 @@
 // for after the exp2 of this many 8-key blocks of the scores (of BKV / 8), so that acc's
 // rescale and the packing of those blocks' P run among the rest's exp2 (ptxas keeps code on
 // either side of the wait's vote branch); BKV / 8: after all of them. On the three-consumer
-// tile half of them: on an H100
-// (hipkernel.ab, three passes, bit-identical) 128@8192 0.0820-0.0822 ms against
-// 0.0848-0.0852, B4 4096@4096 3.467-3.468 against 3.471-3.481, 16384@0 4.492-4.503 against
-// 4.487-4.522 (a quarter or three quarters: no better). On the d 128 tile every split was
-// slower (half: 16384@0 3.692-3.701 against 3.626-3.637, 512@8192 0.1243-0.1255 against
-// 0.1145-0.1156).
+// tile half of them: on an H100 (hipkernel.ab, three passes, bit-identical) 128@8192
+// 0.0820-0.0822 ms against 0.0848-0.0852, B4 4096@4096 3.467-3.468 against 3.471-3.481,
+// 16384@0 4.492-4.503 against 4.487-4.522 (a quarter or three quarters: no better). On the
+// d 128 tile every split was slower (half: 16384@0 3.692-3.701 against 3.626-3.637,
+// 512@8192 0.1243-0.1255 against 0.1145-0.1156).
 #ifndef PV_WAIT_SPLIT
 #define PV_WAIT_SPLIT (BKV / 8)
 #endif
