@@ -17,6 +17,13 @@ A phase is NAME=FIRST-LAST, line indices of the listing as ``--lines`` prints th
 included): the stretches of a loop (its wgmma issue, its exp2, ...) are read off that listing.
 Every share is of all the samples of the kernel, its producer warps' included. ``--json PATH``
 also writes the numbers.
+
+Two kernels side by side, per unit of work: ``--per OPCODE=N`` counts the units as the
+executions of OPCODE over N (``--per MUFU.EX2=66``: a warp's KV tile of 64 scores and two
+alphas), and ``--against OTHER.csv`` prints each opcode's executions a unit and stall
+samples in both listings (the other's units by the same rule):
+
+    python scripts/ncu_sass_stalls.py ours-sass.csv --against fa4-sass.csv --per MUFU.EX2=66
 """
 
 from __future__ import annotations
@@ -122,6 +129,53 @@ def summary(lines: list[Line], phases=()) -> dict:
             "phases": out_phases}
 
 
+_PER = re.compile(r"(?P<op>[A-Z0-9_.]+)=(?P<n>\d+(\.\d+)?)\Z")
+
+
+def parse_per(spec: str) -> tuple[str, float]:
+    """``OPCODE=N`` (an opcode, with modifiers where given: ``MUFU.EX2=66``) -> (opcode, N)."""
+    m = _PER.match(spec.strip())
+    if m is None or float(m["n"]) <= 0:
+        raise ValueError(f"per: expected OPCODE=N (an opcode as the listing spells it, N > 0), got {spec!r}")
+    return m["op"], float(m["n"])
+
+
+def _mnemonic(x: Line) -> str:
+    """The opcode with its modifiers, without the predicate: ``@P1 MUFU.EX2 R4, R4`` -> MUFU.EX2."""
+    words = x.source.split()
+    if words and words[0].startswith("@"):
+        words = words[1:]
+    return words[0] if words else "?"
+
+
+def units(lines: list[Line], per: tuple[str, float]) -> float:
+    """The units of work of a listing: the executions of ``per``'s opcode (the whole mnemonic
+    where it names modifiers, else the opcode) over its N; ValueError when none ran."""
+    op, n = per
+    count = sum(x.executed for x in lines if (_mnemonic(x) if "." in op else x.opcode) == op)
+    if count == 0:
+        raise ValueError(f"per: no {op} was executed in this listing")
+    return count / n
+
+
+def compare(lines: list[Line], other: list[Line], per: tuple[str, float]) -> dict:
+    """Opcode by opcode, executions a unit of work (``units``) and stall samples of two
+    listings, the opcodes with the most samples in both first."""
+    a, b = summary(lines), summary(other)
+    ua, ub = units(lines, per), units(other, per)
+    ops = sorted(set(a["opcodes"]) | set(b["opcodes"]),
+                 key=lambda o: -(a["opcodes"].get(o, {}).get("samples", 0) + b["opcodes"].get(o, {}).get("samples", 0)))
+    rows = {}
+    for o in ops:
+        x, y = a["opcodes"].get(o, {}), b["opcodes"].get(o, {})
+        rows[o] = {"per_unit": [x.get("executed", 0) / ua, y.get("executed", 0) / ub],
+                   "samples": [x.get("samples", 0), y.get("samples", 0)]}
+    return {"per": {"opcode": per[0], "n": per[1]}, "units": [ua, ub],
+            "samples": [a["samples"], b["samples"]],
+            "executed_per_unit": [sum(x.executed for x in lines) / ua, sum(x.executed for x in other) / ub],
+            "opcodes": rows}
+
+
 def hot_lines(lines: list[Line], min_executed: float) -> list[Line]:
     return [x for x in lines if x.executed >= min_executed]
 
@@ -135,11 +189,22 @@ def main(argv=None) -> int:
                     help="also list the lines executed at least N times, with their index")
     ap.add_argument("--top", type=int, default=15, help="opcodes and reasons listed (default 15)")
     ap.add_argument("--json", type=Path, default=None, help="also write the numbers here")
+    ap.add_argument("--per", default=None, metavar="OPCODE=N",
+                    help="a unit of work: N executions of OPCODE (e.g. MUFU.EX2=66); with --against")
+    ap.add_argument("--against", type=Path, default=None, metavar="OTHER.csv",
+                    help="another kernel's listing: executions a unit and samples, opcode by opcode")
     args = ap.parse_args(argv)
+    if (args.per is None) != (args.against is None):
+        print("ncu_sass_stalls: error: --per and --against go together (the unit of work the two "
+              "listings are compared by)", file=sys.stderr)
+        return 2
     try:
         lines = read(args.csv)
         phases = [parse_phase(p) for p in args.phase]
         doc = summary(lines, phases)
+        if args.against is not None:
+            doc["against"] = {"csv": str(args.against),
+                              **compare(lines, read(args.against), parse_per(args.per))}
     except ValueError as e:
         print(f"ncu_sass_stalls: error: {e}", file=sys.stderr)
         return 2
@@ -154,6 +219,17 @@ def main(argv=None) -> int:
         print("by phase:")
         for name, v in doc["phases"].items():
             print(f"  {name:20s} lines {v['first']}-{v['last']}: {v['samples']:9d} {100 * v['share']:5.1f} %")
+    if "against" in doc:
+        c = doc["against"]
+        unit = f"{c['per']['n']:g} {c['per']['opcode']}"
+        print(f"against {args.against}: {c['samples'][0]} samples against {c['samples'][1]} "
+              f"({c['samples'][0] / max(c['samples'][1], 1):.3f}x); a unit = {unit}: "
+              f"{c['units'][0]:,.0f} units against {c['units'][1]:,.0f}")
+        print(f"  {'opcode':12s} {'executed a unit':>21s} {'stall samples':>19s}")
+        print(f"  {'(all)':12s} {c['executed_per_unit'][0]:10.1f} {c['executed_per_unit'][1]:10.1f}")
+        for o, v in list(c["opcodes"].items())[:args.top]:
+            print(f"  {o:12s} {v['per_unit'][0]:10.1f} {v['per_unit'][1]:10.1f} "
+                  f"{v['samples'][0]:9d} {v['samples'][1]:9d}")
     if args.lines is not None:
         print(f"lines executed at least {args.lines:g} times (index, executed, samples, top reasons):")
         for x in hot_lines(lines, args.lines):
@@ -170,4 +246,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BrokenPipeError:  # its output piped into head, which closed early
+        sys.stdout = None
+        sys.exit(0)

@@ -93,3 +93,52 @@ def test_a_file_that_is_not_a_sass_listing_is_named(script, tmp_path, capsys):
 def test_an_unwritable_json_path_is_named(script, listing, tmp_path, capsys):
     assert script.main([str(listing), "--json", str(tmp_path / "no" / "dir" / "x.json")]) == 2
     assert "--json: cannot write" in capsys.readouterr().err
+
+
+OTHER_ROWS = [  # a second kernel: the same exp2 work in half the warp-tiles' samples, more FFMA
+    ["0x10", "      FFMA R24, R24, R19, R16", "4", "1", "4,000", "0", "0", "4", "0"],
+    ["0x20", "      MUFU.EX2 R24, R24", "30", "20", "2000", "20", "0", "10", "20"],
+    ["0x30", "      MUFU.RCP R26, R26", "6", "6", "10", "6", "0", "0", "6"],
+]
+
+
+def _write(path, rows):
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["Kernel Name", "other"])
+        w.writerow(HEADER)
+        w.writerows(rows)
+    return path
+
+
+def test_two_listings_compare_per_unit_of_work(script, listing, tmp_path, capsys):
+    other = _write(tmp_path / "other-sass.csv", OTHER_ROWS)
+    c = script.compare(script.read(listing), script.read(other), script.parse_per("MUFU.EX2=2"))
+    assert c["units"] == [1000.0, 1000.0]  # 2000 MUFU.EX2 in each, MUFU.RCP not counted
+    assert c["samples"] == [100, 40]
+    assert c["opcodes"]["MUFU"] == {"per_unit": [2.0, 2.01], "samples": [80, 36]}
+    assert c["opcodes"]["FFMA"] == {"per_unit": [1.0, 4.0], "samples": [10, 4]}
+    assert c["opcodes"]["HGMMA"]["per_unit"] == [0.125, 0.0]
+    assert list(c["opcodes"])[0] == "MUFU"  # most samples in both first
+    assert c["executed_per_unit"] == [7.125, 6.01]
+    # by opcode without modifiers: every MUFU
+    assert script.compare(script.read(listing), script.read(other),
+                          script.parse_per("MUFU=1"))["units"] == [2000.0, 2010.0]
+    out = tmp_path / "c.json"
+    assert script.main([str(listing), "--against", str(other), "--per", "MUFU.EX2=2", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "100 samples against 40 (2.500x)" in text and "a unit = 2 MUFU.EX2" in text
+    assert json.loads(out.read_text())["against"]["csv"] == str(other)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--per", "MUFU=66"], "--per and --against go together"),
+    (["--against", "x.csv"], "--per and --against go together"),
+    (["--per", "MUFU", "--against", "SELF"], "per: expected OPCODE=N"),
+    (["--per", "MUFU=0", "--against", "SELF"], "per: expected OPCODE=N"),
+    (["--per", "F2FP=32", "--against", "SELF"], "per: no F2FP was executed in this listing"),
+])
+def test_a_bad_comparison_is_named(script, listing, capsys, args, message):
+    args = [str(listing) if a == "SELF" else a for a in args]
+    assert script.main([str(listing), *args]) == 2
+    assert message in capsys.readouterr().err
