@@ -32,15 +32,18 @@ def script(monkeypatch):
     return mod
 
 
-@pytest.fixture
-def listing(tmp_path):
-    path = tmp_path / "rep-sass.csv"
+def _write(path, rows, kernel="gqa_flash_prefill"):
     with path.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["Kernel Name", "gqa_flash_prefill"])
+        w.writerow(["Kernel Name", kernel])
         w.writerow(HEADER)
-        w.writerows(ROWS)
+        w.writerows(rows)
     return path
+
+
+@pytest.fixture
+def listing(tmp_path):
+    return _write(tmp_path / "rep-sass.csv", ROWS)
 
 
 def test_samples_add_up_by_reason_opcode_and_phase(script, listing):
@@ -102,17 +105,8 @@ OTHER_ROWS = [  # a second kernel: the same exp2 work in half the warp-tiles' sa
 ]
 
 
-def _write(path, rows):
-    with path.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["Kernel Name", "other"])
-        w.writerow(HEADER)
-        w.writerows(rows)
-    return path
-
-
 def test_two_listings_compare_per_unit_of_work(script, listing, tmp_path, capsys):
-    other = _write(tmp_path / "other-sass.csv", OTHER_ROWS)
+    other = _write(tmp_path / "other-sass.csv", OTHER_ROWS, kernel="other")
     c = script.compare(script.read(listing), script.read(other), script.parse_per("MUFU.EX2=2"))
     assert c["units"] == [1000.0, 1000.0]  # 2000 MUFU.EX2 in each, MUFU.RCP not counted
     assert c["samples"] == [100, 40]
