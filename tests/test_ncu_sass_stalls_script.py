@@ -98,7 +98,7 @@ def test_an_unwritable_json_path_is_named(script, listing, tmp_path, capsys):
     assert "--json: cannot write" in capsys.readouterr().err
 
 
-OTHER_ROWS = [  # a second kernel: the same exp2 work in half the warp-tiles' samples, more FFMA
+OTHER_ROWS = [  # a second kernel: the same 2000 MUFU.EX2 in fewer samples, four times the FFMA, a MUFU.RCP
     ["0x10", "      FFMA R24, R24, R19, R16", "4", "1", "4,000", "0", "0", "4", "0"],
     ["0x20", "      MUFU.EX2 R24, R24", "30", "20", "2000", "20", "0", "10", "20"],
     ["0x30", "      MUFU.RCP R26, R26", "6", "6", "10", "6", "0", "0", "6"],
