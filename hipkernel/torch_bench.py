@@ -25,7 +25,8 @@ In one process, on torch's current CUDA device:
 * ``chunked_16k``: a 32 x 512 chunked prefill of 16384 tokens on a resident cache: its wall
   time against the sum of its 32 kernels' device times (target <= 1.15x), and cold (tuner,
   prepared launches and geometries forgotten; the modules stay loaded) against warm (target
-  <= 1.1x), each the median of COLD_RUNS runs, with the first call's time to return.
+  <= 1.1x), each the median of COLD_RUNS runs, with the first call's time to return and,
+  timed apart, a cold first call's host time split into its parts.
 
 Targets are measurements, not pass conditions: ``ok`` is the matrix and the checks.
 """
@@ -191,6 +192,52 @@ def host_overhead(T, ht, n: int = 500) -> list[dict]:
     return rows
 
 
+def cold_first_call_parts(T, ht, q, k, v, sink, runs: int = COLD_RUNS) -> dict:
+    """The host time of a cold first call (the tuner, the prepared launches and the
+    geometries forgotten, the modules loaded) split into its parts, us, those of the run of
+    ``runs`` whose whole call is the median: the geometry's checks
+    (``hipkernel.torch._geometry``), ``api.prepare_call`` (the plan, the tuner, the backend's
+    preparation of the launch), the prepared call's launch, and the whole call; ``rest_us``
+    is the whole less the three. Each part is timed by a wrapper put around it for this
+    measurement only, and taken off after it."""
+    from hipkernel import api
+    from hipkernel.autotune import TUNER
+
+    names = ("geometry_us", "prepare_call_us", "launch_us")
+    seen: dict[str, float] = {}
+
+    def timed(name, fn):
+        def part(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                seen[name] = seen.get(name, 0.0) + (time.perf_counter() - t0) * 1e6
+        return part
+
+    saved = ht._geometry, api.prepare_call, api.PreparedCall.__call__
+    ht._geometry = timed("geometry_us", saved[0])
+    api.prepare_call = timed("prepare_call_us", saved[1])
+    api.PreparedCall.__call__ = timed("launch_us", saved[2])
+    rows = []
+    try:
+        for _ in range(runs):
+            TUNER.clear()
+            api.PLANS.clear()
+            ht.clear()
+            seen.clear()
+            T.cuda.synchronize()
+            t0 = time.perf_counter()
+            ht.attention(q, k, v, past_len=0, sink=sink)
+            whole = (time.perf_counter() - t0) * 1e6
+            T.cuda.synchronize()
+            rows.append({"call_us": whole, **{n: seen.get(n, 0.0) for n in names},
+                         "rest_us": whole - sum(seen.get(n, 0.0) for n in names)})
+    finally:
+        ht._geometry, api.prepare_call, api.PreparedCall.__call__ = saved
+    return sorted(rows, key=lambda r: r["call_us"])[len(rows) // 2]
+
+
 def chunked_prefill(T, ht, total: int = 16384, chunk: int = 512) -> dict:
     from hipkernel import api
     from hipkernel.autotune import TUNER
@@ -222,12 +269,14 @@ def chunked_prefill(T, ht, total: int = 16384, chunk: int = 512) -> dict:
     kernels = [_device_ms(T, lambda qc=qc, i=i: ht.attention(qc, k, v, past_len=i * chunk, sink=sink),
                           reps=10) for i, qc in enumerate(chunks)]
     kernel_sum_s = sum(kernels) / 1e3
+    first_parts = cold_first_call_parts(T, ht, chunks[0], k, v, sink)
     res = {"chunks": total // chunk, "chunk": chunk, "geometry": GPTOSS, "sink": "per_head",
            "warm_s": warm, "kernel_sum_s": kernel_sum_s, "warm_over_kernels": warm / kernel_sum_s,
            "target_over_kernels": CHUNKED_OVER_KERNELS,
            "hit_over_kernels": warm / kernel_sum_s <= CHUNKED_OVER_KERNELS,
            "cold_s": cold, "cold_over_warm": cold / warm, "target_cold_over_warm": COLD_OVER_WARM,
            "cold_first_call_s": cold_first, "warm_first_call_s": warm_first,
+           "cold_first_call_parts_us": first_parts,
            "cold_runs_s": [c for c, _ in colds], "warm_runs_s": [w for w, _ in warms],
            "hit_cold_over_warm": cold / warm <= COLD_OVER_WARM, "sweeps": TUNER.sweeps,
            "autotune": TUNER.choices(),
@@ -238,6 +287,8 @@ def chunked_prefill(T, ht, total: int = 16384, chunk: int = 512) -> dict:
           f"{kernel_sum_s * 1e3:.2f} ms ({res['warm_over_kernels']:.3f}x), cold {cold * 1e3:.2f} ms "
           f"({res['cold_over_warm']:.3f}x warm); first call cold {cold_first * 1e3:.3f} ms, warm "
           f"{warm_first * 1e3:.3f} ms", flush=True)
+    print("  cold first call, us: " + ", ".join(f"{n} {x:.1f}" for n, x in first_parts.items()),
+          flush=True)
     return res
 
 

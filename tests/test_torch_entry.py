@@ -406,9 +406,18 @@ def test_torch_bench_host_overhead_and_chunked_prefill_run_on_a_fake_device(rt, 
     assert len(keyword_calls) <= 1  # at most the geometry's first call, on the slow path
     assert set(parts) == {"call_us", "call_with_out_us", "empty_like_us", "prepared_launch_us"}
     assert all(x > 0 for x in parts.values())
+    wrapped = (ht._geometry, api.prepare_call, api.PreparedCall.__call__)
     res = torch_bench.chunked_prefill(T, ht, total=64, chunk=16)
     assert res["chunks"] == 4 and res["kernel_sum_s"] == pytest.approx(4 * 0.011e-3)
     assert res["warm_over_kernels"] == pytest.approx(res["warm_s"] / res["kernel_sum_s"])
     assert isinstance(res["hit_over_kernels"], bool) and isinstance(res["hit_cold_over_warm"], bool)
+    first = res["cold_first_call_parts_us"]
+    assert set(first) == {"call_us", "geometry_us", "prepare_call_us", "launch_us", "rest_us"}
+    assert first["geometry_us"] > 0 and first["prepare_call_us"] > 0 and first["launch_us"] > 0
+    assert first["call_us"] >= first["geometry_us"] + first["prepare_call_us"] + first["launch_us"]
+    assert first["rest_us"] == pytest.approx(first["call_us"] - first["geometry_us"]
+                                             - first["prepare_call_us"] - first["launch_us"])
+    # the timing wrappers are taken off again
+    assert (ht._geometry, api.prepare_call, api.PreparedCall.__call__) == wrapped
     json.dumps({"host": rows, "host_parts": parts, "chunked_16k": res}, allow_nan=False)
     assert rt.be.launches, "the fake runtime saw no launch"
