@@ -192,6 +192,17 @@ def host_overhead(T, ht, n: int = 500) -> list[dict]:
     return rows
 
 
+def _forget(ht) -> None:
+    """A cold start: the tuner, the prepared launches and the torch geometries forgotten,
+    the modules still loaded."""
+    from hipkernel import api
+    from hipkernel.autotune import TUNER
+
+    TUNER.clear()
+    api.PLANS.clear()
+    ht.clear()
+
+
 def cold_first_call_parts(T, ht, q, k, v, sink, runs: int = COLD_RUNS) -> dict:
     """The host time of a cold first call (the tuner, the prepared launches and the
     geometries forgotten, the modules loaded) split into its parts, us, those of the run of
@@ -201,7 +212,6 @@ def cold_first_call_parts(T, ht, q, k, v, sink, runs: int = COLD_RUNS) -> dict:
     is the whole less the three. Each part is timed by a wrapper put around it for this
     measurement only, and taken off after it."""
     from hipkernel import api
-    from hipkernel.autotune import TUNER
 
     names = ("geometry_us", "prepare_call_us", "launch_us")
     seen: dict[str, float] = {}
@@ -222,9 +232,7 @@ def cold_first_call_parts(T, ht, q, k, v, sink, runs: int = COLD_RUNS) -> dict:
     rows = []
     try:
         for _ in range(runs):
-            TUNER.clear()
-            api.PLANS.clear()
-            ht.clear()
+            _forget(ht)
             seen.clear()
             T.cuda.synchronize()
             t0 = time.perf_counter()
@@ -239,7 +247,6 @@ def cold_first_call_parts(T, ht, q, k, v, sink, runs: int = COLD_RUNS) -> dict:
 
 
 def chunked_prefill(T, ht, total: int = 16384, chunk: int = 512) -> dict:
-    from hipkernel import api
     from hipkernel.autotune import TUNER
 
     q, k, v, sink = _tensors(T, Sq=total, past=0, seed=4)
@@ -258,10 +265,8 @@ def chunked_prefill(T, ht, total: int = 16384, chunk: int = 512) -> dict:
 
     wall()  # the modules loaded, every candidate's included
     colds = []
-    for _ in range(COLD_RUNS):  # each a fresh start: the tuner, the prepared launches and
-        TUNER.clear()           # the geometries forgotten, the modules still loaded
-        api.PLANS.clear()
-        ht.clear()
+    for _ in range(COLD_RUNS):  # each a fresh start
+        _forget(ht)
         colds.append(wall())
     warms = [wall() for _ in range(COLD_RUNS)]
     cold, cold_first = (statistics.median(x) for x in zip(*colds))
