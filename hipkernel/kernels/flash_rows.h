@@ -169,6 +169,35 @@ HK_INLINE bool softmax_scores(float (&s)[NB_S][4], float (&m)[2], float (&l)[2],
     return softmax_scores<NB_S, NB_S>(s, m, l, alpha, c2, has_sink, sig2, [](const float (&)[2], bool) {});
 }
 
+// The step with the row sums kept a lane's own (the wgmma kernel's L_DEFER): l = l * alpha +
+// the sum of this lane's p of the row; alpha is the row's, the same in its 4 lanes, so the
+// row's sum is the sum of its lanes' l, which lane_sums_to_rows takes once, after the last
+// tile. The sums are those of softmax_scores in another order. `lead` (t4 = 0): the lane
+// that adds the per-tile sink mutant's term, once a row.
+template <int NB_S, int SPLIT = NB_S, class Mid>
+HK_INLINE bool softmax_lane_scores(float (&s)[NB_S][4], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                   float c2, bool has_sink, float sig2, bool lead, Mid&& mid) {
+    float l_tile[2] = {0.0f, 0.0f};
+    const bool rescale = softmax_tile<NB_S, SPLIT>(s, m, alpha, c2, [&](int r, float pj) { l_tile[r] += pj; }, mid);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + l_tile[r];
+    if (lead) sink_per_tile_mutant(l[0], l[1], m, has_sink, sig2);
+    return rescale;
+}
+template <int NB_S>
+HK_INLINE bool softmax_lane_scores(float (&s)[NB_S][4], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                   float c2, bool has_sink, float sig2, bool lead) {
+    return softmax_lane_scores<NB_S, NB_S>(s, m, l, alpha, c2, has_sink, sig2, lead, [](const float (&)[2], bool) {});
+}
+// The rows' sums from their lanes' (softmax_lane_scores).
+HK_INLINE void lane_sums_to_rows(float (&l)[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        l[r] += hk_xor(l[r], 1);
+        l[r] += hk_xor(l[r], 2);
+    }
+}
+
 // acc *= alpha, row by row, when softmax_scores asked for it.
 template <int NB_O>
 HK_INLINE void rescale_acc(float (&o)[NB_O][4], const float (&alpha)[2], bool rescale) {

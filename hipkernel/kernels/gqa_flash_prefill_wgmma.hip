@@ -13,7 +13,8 @@
 //                 HK_BF16 (0 | 1: q, k, v, out, and P before P.V, in bf16; portable.h),
 //                 QSMEM (0 | 1: Q read from shared memory; KernelConfig.qsmem sets it, below),
 //                 ROWSUM_N72 (the row sums inside P.V's wgmma, below), PV_WAIT_SPLIT
-//                 (where the owed P.V is waited for; KernelConfig.pv_wait_split sets it)
+//                 (where the owed P.V is waited for; KernelConfig.pv_wait_split sets it),
+//                 L_DEFER (fp32 row sums a lane's own until the epilogue, below)
 //   grid          (ceil(Sq / BM), Hq, B), BM = 16 * M_TILES
 //   block         32 * M_TILES threads = M_TILES / 4 warpgroups, + 128 with WS; warpgroup w
 //                 < M_TILES / 4 owns query rows [64 w, 64 w + 64) of the Q tile, its warp x
@@ -270,6 +271,21 @@
 // 512@8192 0.1243-0.1255 against 0.1145-0.1156).
 #ifndef PV_WAIT_SPLIT
 #define PV_WAIT_SPLIT (BKV / 8)
+#endif
+// L_DEFER (0 | 1; with the row sums on the FMA pipe, ROWSUM_MMA 0): each lane keeps its own
+// part of its rows' sums through the loop, and the parts are summed across the row's 4 lanes
+// once, before the epilogue (flash_rows.h, softmax_lane_scores), as FlashAttention-4 does:
+// the two shuffles and adds a row leave the tile's path between its exp2 and the P packing.
+// On with the overlap (the d 128 producer tile): on an H100 (hipkernel.ab, four passes; the
+// sums in another order, relL2 against the reference 2.934903e-4 against 2.934908e-4 at
+// 512@8192) 16384@0 3.633-3.668 ms against 3.709-3.711, 512@8192 0.1140-0.1175 against
+// 0.1151-0.1259. (Without the overlap, on the four-warpgroup d 64 tile before its row sums
+// moved to the tensor cores, it was 1.5 % slower.)
+#ifndef L_DEFER
+#define L_DEFER (OVERLAP && !ROWSUM_MMA)
+#endif
+#if L_DEFER && ROWSUM_MMA
+#error "L_DEFER: the row sums on the FMA pipe (ROWSUM_MMA 0)"
 #endif
 // PINGPONG: the warpgroups issue their Q K^T wgmma in turn (0, 1, ..., NWG - 1, 0, ...),
 // passing a token on named barriers 1 + w (two warpgroups' threads each), so that one's
@@ -776,6 +792,8 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     [[maybe_unused]] auto softmax = [&](float (&s)[NB_S][4], float (&alpha)[2]) {
 #if ROWSUM_MMA
         return softmax_p(s, m, alpha, c2);
+#elif L_DEFER
+        return softmax_lane_scores(s, m, l, alpha, c2, has_sink, sig2, t4 == 0);
 #else
         return softmax_scores(s, m, l, alpha, c2, has_sink, sig2);
 #endif
@@ -861,6 +879,8 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
             };
 #if ROWSUM_MMA
             softmax_p<NB_S, PV_WAIT_SPLIT>(s, m, alpha, c2, mid);
+#elif L_DEFER
+            softmax_lane_scores<NB_S, PV_WAIT_SPLIT>(s, m, l, alpha, c2, has_sink, sig2, t4 == 0, mid);
 #else
             softmax_scores<NB_S, PV_WAIT_SPLIT>(s, m, l, alpha, c2, has_sink, sig2, mid);
 #endif
@@ -916,6 +936,8 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     }
 #if ROWSUM_MMA
     const float l[2] = {ls[0][0], ls[0][2]};
+#elif L_DEFER
+    lane_sums_to_rows(l);
 #endif
 #if OVERLAP && WS
     finish_rows(o, m, l, has_sink, *sig2_s, orow, valid);
