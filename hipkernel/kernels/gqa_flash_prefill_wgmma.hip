@@ -451,10 +451,18 @@ extern "C" __global__ __launch_bounds__(NTHREADS, MIN_BLOCKS) void gqa_flash_pre
     const int tid = hk_thread_x();
     // The warp index through a shuffle from lane 0: ptxas then knows it is the same in every
     // lane, and keeps what derives from it (the tiles a warpgroup walks, the stages, the
-    // wgmma descriptors) in uniform registers: on wgmma_m16_b64 no R2UR is left before a
-    // wgmma. Only on the self-loading mbarrier pipeline: with the producer the consumers
-    // then spill and ptxas serializes their wgmma (C7512), and wgmma_m4_b64 spills.
-#if MBAR_PIPE && !WS
+    // wgmma descriptors) in uniform registers: no R2UR is left before a wgmma (wgmma_m8_b128_ws
+    // 6 R2UR in the kernel against 70). On the mbarrier pipelines, the producer tiles
+    // included: on an H100 (hipkernel.ab, three passes, bit-identical) d128 16384@0
+    // 3.434-3.461 ms against 3.585-3.598, d128 512@8192 0.1084-0.1091 against 0.1130-0.1156,
+    // wgmma_m12_b128_ws 16384@0 4.299-4.335 against 4.487-4.497, B4 4096@4096 3.308-3.333
+    // against 3.437-3.442, 128@8192 0.0808-0.0817 against 0.0826. (On the producer tiles of
+    // an earlier source the consumers spilled with it and ptxas serialized their wgmma,
+    // C7512; wgmma_m4_b64, off the mbarrier pipelines, spills with it.)
+#ifndef WARP_SHFL
+#define WARP_SHFL MBAR_PIPE
+#endif
+#if WARP_SHFL
     const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0), lane = tid & 31;
 #else
     const int warp = tid >> 5, lane = tid & 31;
