@@ -43,6 +43,10 @@ A variant may hang the GPU (a pipeline that deadlocks never returns from its eve
 has not returned in that time the process prints its stacks and exits with status 1, and
 the file keeps every row done before it and says which variant it was. (On the H200 a
 device call that ran a hanging variant without these lost its 10 minutes and every row.)
+
+A variant the device cannot launch (its block's shared memory over the device's limit, say
+a stage count more than the tile's budget) is named with the backend's reason as it is
+compiled, and skipped: the others are still timed (its ``compiled`` entry has ``skipped``).
 """
 
 from __future__ import annotations
@@ -189,12 +193,21 @@ def run(backend, variants: list[Variant], shapes: list, *, passes: int = 2, n: i
                 continue
             k = backend.compile(source_at(v.rev, v.config.path), v.defines(d), api.KERNEL_NAME)
             info = getattr(k, "info", None)
-            kernels[(d, v.label)] = k
             compiled.append(dict(d=d, variant=v.label, rev=v.rev, config=v.config.name,
                                  defines=v.defines(d), shared_mem=v.shared_mem(d),
                                  regs=getattr(info, "regs", None), spills=getattr(info, "spills", None)))
             log(f"d{d} {v.label}: {v.config.name} {v.defines(d)} regs {compiled[-1]['regs']} "
                 f"spills {compiled[-1]['spills']} shared {v.shared_mem(d)}")
+            # the launch's block and shared memory checked (and opted in) now, with no
+            # arguments and no launch: a variant the device cannot launch is skipped here,
+            # named with the reason, before anything is timed
+            try:
+                backend.prepare(k, (1, 1, 1), (v.config.threads, 1, 1), [], v.shared_mem(d))
+            except ValueError as e:
+                compiled[-1]["skipped"] = str(e)
+                log(f"d{d} {v.label}: cannot launch on {doc['device']}; skipped: {e}")
+                continue
+            kernels[(d, v.label)] = k
     for shape in shapes:
         g = shape.geometry
         r = Resident(backend, B=g["B"], Sq=shape.sq, Hq=g["Hq"], Hkv=g["Hkv"], d=g["d"],

@@ -210,6 +210,31 @@ def test_run_launches_a_ws_variant_with_its_producer_and_stages():
     assert rows["plain"]["bit_identical"] is True and rows[".@wgmma_m8_b128_ws"]["rel_l2"] < 2e-3
 
 
+def test_a_variant_the_device_cannot_launch_is_skipped_before_anything_is_timed():
+    """A variant whose shared memory the device's blocks cannot have (four K/V stages of the
+    d 128 producer tile: 262,224 bytes on a 232,448-byte H100) is named with the backend's
+    reason when it is compiled, and every other variant is still timed."""
+    class Limited(ModelBackend):
+        def prepare(self, kernel, grid, block, args, shared_mem=0):
+            if shared_mem > 232448:
+                raise ValueError(f"shared_mem: {shared_mem} bytes of dynamic shared memory, over "
+                                 f"the 232448 a block may have")
+            return super().prepare(kernel, grid, block, args, shared_mem)
+
+    be = Limited(arch="sm_90")
+    variants = [ab.parse_variant(s) for s in (".@wgmma_m8_b128_ws", "s4=.@wgmma_m8_b128_ws+KV_STAGES=4",
+                                               "s2=.@wgmma_m8_b128_ws+KV_STAGES=2")]
+    lines = []
+    doc = ab.run(be, variants, [parse_shape("d128-40@24")], passes=2, n=2, reps=1, log=lines.append)
+    skipped = {c["variant"]: c.get("skipped") for c in doc["compiled"]}
+    assert skipped[".@wgmma_m8_b128_ws"] is None and skipped["s2"] is None
+    assert "262224 bytes" in skipped["s4"]
+    assert any(l.startswith("d128 s4:") and "skipped: shared_mem: 262224" in l for l in lines)
+    assert sorted({r["variant"] for r in doc["rows"]}) == [".@wgmma_m8_b128_ws", "s2"]
+    assert len(doc["rows"]) == 2 * 2
+    assert not [l for l in be.launches if l["kernel"].get("KV_STAGES") == 4]
+
+
 def test_checkpoints_name_the_variant_about_to_run_and_keep_every_row_done():
     """A hang must not lose the rows before it: the checkpoint sees the document before each
     timing, with ``running`` naming it and every earlier row in, and after each row."""
