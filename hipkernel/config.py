@@ -131,10 +131,11 @@ WGMMA_RESCALE_HEAD_DIMS = (64, 128)
 # ran 1.0-1.5 % faster (4.93-4.97 against 5.00-5.05 ms), 512@8192 0.5-1.3 %, 4096@8192
 # 1.6-2.3 %; at d = 128 (the ws tile, whose consumers then spilled 8 bytes) 3.5 % slower.
 WGMMA_ROWSUM_HEAD_DIMS = (64,)
-# The three consumer warpgroups wait for the owed P.V after the exp2 of half the score tile
-# (``pv_wait_split``; the kernel's PV_WAIT_SPLIT, measured in its header), so that the P
-# packing runs among the other half's exp2; the other tiles after all of it.
-WGMMA_PV_WAIT_HALF_M_TILES = (12,)
+# The three consumer warpgroups wait for the owed P.V after the exp2 of the score tile's first
+# 8-key block (``pv_wait_split``; the kernel's PV_WAIT_SPLIT, measured in its header), so that
+# acc's rescale and the P packing run among the other blocks' exp2; the other tiles after all
+# of it.
+WGMMA_PV_WAIT_EARLY_M_TILES = (12,)
 WGMMA_ONES_BYTES = 2048
 
 
@@ -393,10 +394,10 @@ class KernelConfig:
 
     def pv_wait_split(self) -> int:
         """The 8-key score blocks whose exp2 run before the wait for the owed P.V (the TMA
-        producer tiles' overlap): half the tile on ``WGMMA_PV_WAIT_HALF_M_TILES``, else all
+        producer tiles' overlap): the first one on ``WGMMA_PV_WAIT_EARLY_M_TILES``, else all
         (``bkv // 8``). The order of the same operations: no rounding changes."""
-        if self.path == "wgmma" and self.ws and self.m_tiles in WGMMA_PV_WAIT_HALF_M_TILES:
-            return self.bkv // 16
+        if self.path == "wgmma" and self.ws and self.m_tiles in WGMMA_PV_WAIT_EARLY_M_TILES:
+            return 1
         return self.bkv // 8
 
     def fits(self, d: int) -> bool:

@@ -784,12 +784,12 @@ def test_lazy_rescaling_is_the_wgmma_rule():
 
 
 def test_the_owed_pv_is_waited_for_mid_softmax_on_the_three_consumer_tile_only():
-    """pv_wait_split: the three-consumer tile waits for its owed P.V after half its score
-    blocks' exp2 and says so with PV_WAIT_SPLIT; every other config after all of them
+    """pv_wait_split: the three-consumer tile waits for its owed P.V after its first score
+    block's exp2 and says so with PV_WAIT_SPLIT; every other config after all of them
     (bkv / 8, the kernel's default), with no macro."""
     m12, m8, m16 = (config_module.config_from_name(n)
                     for n in ("wgmma_m12_b128_ws", "wgmma_m8_b128_ws", "wgmma_m16_b64"))
-    assert m12.pv_wait_split() == 8 and m12.defines(64)["PV_WAIT_SPLIT"] == 8
+    assert m12.pv_wait_split() == 1 and m12.defines(64)["PV_WAIT_SPLIT"] == 1
     assert m8.pv_wait_split() == 16 and "PV_WAIT_SPLIT" not in m8.defines(128)
     assert m16.pv_wait_split() == 8 and "PV_WAIT_SPLIT" not in m16.defines(64)
     for cfg in CANDIDATES + MMA_CANDIDATES + WGSPAN_CANDIDATES:

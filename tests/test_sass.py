@@ -73,7 +73,7 @@ def test_some_shipped_config_has_overlap():
 @pytest.mark.parametrize("d,cfg", OVERLAP_CONFIGS, ids=lambda v: getattr(v, "name", str(v)))
 def test_overlap_softmax_runs_under_the_owed_pv(d, cfg):
     """The exp2 of the tile's softmax up to the wait for the owed P.V (4 scores a lane of each
-    of the config's ``pv_wait_split()`` first 8-key blocks: BKV / 2, or half that on the
+    of the config's ``pv_wait_split()`` first 8-key blocks: BKV / 2, or 4 on the
     three-consumer tile) lie between the wait for Q.K^T and that wait, in the kernel as
     compiled."""
     if cuda_be.nvrtc is None:

@@ -264,13 +264,18 @@
 // for after the exp2 of this many 8-key blocks of the scores (of BKV / 8), so that acc's
 // rescale and the packing of those blocks' P run among the rest's exp2 (ptxas keeps code on
 // either side of the wait's vote branch); BKV / 8: after all of them. On the three-consumer
-// tile half of them: on an H100 (hipkernel.ab, three passes, bit-identical) 128@8192
-// 0.0820-0.0822 ms against 0.0848-0.0852, B4 4096@4096 3.467-3.468 against 3.471-3.481,
-// 16384@0 4.492-4.503 against 4.487-4.522 (a quarter or three quarters: no better). On the
+// tile after the first block: on an H100 (hipkernel.ab, three passes, bit-identical, against
+// half the blocks) 16384@0 4.294-4.319 ms against 4.375-4.397, B4 4096@4096 3.308-3.334
+// against 3.359-3.377, 2048@14336 1.089-1.092 against 1.084-1.121, 128@8192 0.0751-0.0760
+// against 0.0808-0.0818; after 2 blocks level at the long shapes, after 3 or 4 slower there
+// (half had been 128@8192 0.0820-0.0822 against 0.0848-0.0852 after all of them). On the
 // d 128 tile every split was slower (half: 16384@0 3.692-3.701 against 3.626-3.637,
 // 512@8192 0.1243-0.1255 against 0.1145-0.1156).
 #ifndef PV_WAIT_SPLIT
 #define PV_WAIT_SPLIT (BKV / 8)
+#endif
+#if PV_WAIT_SPLIT < 1 || PV_WAIT_SPLIT > BKV / 8
+#error "PV_WAIT_SPLIT: the 8-key blocks before the wait for the owed P.V, 1 to BKV / 8"
 #endif
 // L_DEFER (0 | 1; with the row sums on the FMA pipe, ROWSUM_MMA 0): each lane keeps its own
 // part of its rows' sums through the loop, and the parts are summed across the row's 4 lanes
