@@ -123,6 +123,12 @@ WGMMA_QSMEM_M_TILES = (12,)
 # ms against 3.724-3.753, 512@8192 0.1148-0.1185 against 0.1168-0.1233.
 WGMMA_RESCALE_LOG2 = 8
 WGMMA_RESCALE_HEAD_DIMS = (64, 128)
+# The producer tiles at these head dims decide a lazy rescale by each half of a warp's 16 rows
+# (``rescale_rows``; the kernel's RESCALE_ROWS): a row's exp2 then waits only for its own
+# half's vote, not for the other eight rows' max. On an H100 (hipkernel.ab, wgmma_m8_b128_ws,
+# three runs of three passes, bit-identical on the bench inputs) d128 16384@0 0.4-1.5 %
+# faster, 512@8192 0.1-1.2 %; on the three-consumer d 64 tile it was 0.3-0.9 % slower.
+WGMMA_RESCALE_ROWS_HEAD_DIMS = (128,)
 # Row sums on the tensor cores on the wgmma path at d = 64 (``rowsum_mma``; the kernel's
 # ROWSUM_MMA): l += P . 1, one m64n8k16 wgmma a 16-key step beside P.V's, against a 2 KiB
 # block of fp16 ones after the K/V stages (before their mbarriers): l then sums the fp16 P
@@ -386,6 +392,14 @@ class KernelConfig:
         the rounding, so the model follows it."""
         return WGMMA_RESCALE_LOG2 if self.path == "wgmma" and d in WGMMA_RESCALE_HEAD_DIMS else 0
 
+    def rescale_rows(self, d: int) -> int:
+        """The rows that decide a lazy rescale together: 8 (each half of a warp's rows) on
+        the producer tiles at ``WGMMA_RESCALE_ROWS_HEAD_DIMS``, else 16 (the warp's). It
+        changes the rounding, so the model follows it."""
+        if self.rescale_log2(d) and self.ws and d in WGMMA_RESCALE_ROWS_HEAD_DIMS:
+            return 8
+        return 16
+
     def rowsum_mma(self, d: int) -> bool:
         """Whether the row sums l run on the tensor cores at head dim ``d`` (the wgmma path at
         d = 64, ``WGMMA_ROWSUM_HEAD_DIMS``): l = sum of the fp16 P, not of the fp32 p. It
@@ -451,6 +465,8 @@ class KernelConfig:
             defines["QSMEM"] = 1
         if self.rescale_log2(d):
             defines["RESCALE_LOG2"] = self.rescale_log2(d)
+        if self.rescale_rows(d) != 16:
+            defines["RESCALE_ROWS"] = self.rescale_rows(d)
         if self.rowsum_mma(d):
             defines["ROWSUM_MMA"] = 1
         if self.pv_wait_split() != self.bkv // 8:

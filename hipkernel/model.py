@@ -49,9 +49,10 @@ KV tiles t = t0 .. ceil(kv_end / BKV) - 1, keys j in [t*BKV, t*BKV + BKV):
           m     = m_new
 
 Lazy rescaling (the wgmma path at d = 64 and 128: T = ``config.rescale_log2(d)`` > 0): the 16 rows
-of a warp (rows [i0 + 16 w, i0 + 16 w + 16) of the Q tile) take m_new = m, so alpha = 1 and
-acc, l stay relative to the old m, unless one of them has c2 max_j s_j > m + T; then all 16
-update as above. So p_j <= 2^T, and a row that has seen nothing (m = -inf) always updates
+of a warp (rows [i0 + 16 w, i0 + 16 w + 16) of the Q tile; on the producer tiles at d = 128
+each 8 of them, ``config.rescale_rows(d)``) take m_new = m, so alpha = 1 and acc, l stay
+relative to the old m, unless one of them has c2 max_j s_j > m + T; then all of them update
+as above. So p_j <= 2^T, and a row that has seen nothing (m = -inf) always updates
 once it sees a key. The kernel's rows past Sq (zero queries) vote too, which the model
 leaves out: that only moves a rescale, which changes rounding, not the result.
 
@@ -232,6 +233,7 @@ def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str], bf16: bool
     # out = acc * (f * (1 / l)).
     tensor_core = config.path in TENSOR_CORE_PATHS
     lazy = config.rescale_log2(a.d)  # 0: every tile rescales
+    vote = config.rescale_rows(a.d)  # the rows that decide a lazy rescale together
     rowsum = config.rowsum_mma(a.d)  # l sums the fp16 P (P . 1 on the tensor cores)
     S_cap, skv, W = k.shape[2], a.skv, a.window
     past = 0 if "past_len_ignored" in mut else a.past_len  # p = i: top-left alignment
@@ -313,9 +315,9 @@ def _run(a, q, k, v, sink, config: KernelConfig, mut: frozenset[str], bf16: bool
             # online softmax with the NaN guard; m from c2 * max_j dot_j rounded up
             s_max = s.max(axis=-1)
             m_new = np.maximum(m, _mul_up(s_max, c2))
-            if lazy:  # a warp's 16 rows keep m unless one's max grows by more than 2^lazy
-                grow = np.pad(m_new > m + lazy, [(0, 0)] * 3 + [(0, -R % 16)])
-                grow = grow.reshape(B, Hkv, G, -1, 16).any(axis=-1).repeat(16, axis=-1)[..., :R]
+            if lazy:  # a warp's 16 rows (or each 8) keep m unless one's max grows by more than 2^lazy
+                grow = np.pad(m_new > m + lazy, [(0, 0)] * 3 + [(0, -R % vote)])
+                grow = grow.reshape(B, Hkv, G, -1, vote).any(axis=-1).repeat(vote, axis=-1)[..., :R]
                 m_new = np.where(grow, m_new, m)
             guard = None if "no_nan_guard" in mut else np.isneginf(m_new)
             if guard is not None and guard.any():

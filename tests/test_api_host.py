@@ -313,7 +313,7 @@ def test_wgmma_config_needs_an_sm90_target():
                                     config={"path": "wgmma", "m_tiles": 8, "bkv": 128, "ws": True}) == 0
         launch = be.launches[-1]
         assert launch["kernel"] == {"HEAD_DIM": 128, "M_TILES": 8, "BKV": 128, "KV_STAGES": 3, "WS": 1,
-                                    "RESCALE_LOG2": 8}
+                                    "RESCALE_LOG2": 8, "RESCALE_ROWS": 8}
         assert launch["block"] == (384, 1, 1) and launch["grid"] == (1, 8, 1)
         assert launch["shared_mem"] == 3 * 64 * 1024 + 3 * 16 + 16
     with pytest.raises(ValueError, match="^config: ws: "):  # a producer on the mma path

@@ -635,7 +635,7 @@ def test_ws_config_geometry_and_shared_memory():
     assert (c.kv_stages(128), c.smem_bytes(128)) == (6, 6 * 2 * 64 * 128 * 2) == (6, 192 * 1024)
     assert c.dynamic_smem_bytes(128) == 192 * 1024 + 6 * 16 + 16  # + the TMA first-tile barrier, the sink word
     assert c.defines(128) == {"HEAD_DIM": 128, "M_TILES": 8, "BKV": 64, "KV_STAGES": 6, "WS": 1,
-                              "RESCALE_LOG2": 8}
+                              "RESCALE_LOG2": 8, "RESCALE_ROWS": 8}
     assert "WS" not in plain.defines(128) and plain.kv_stages(128) == 3
     # 128-key tiles at d = 128 (the tuner's ws tile) are 64 KiB a stage: three fit in 192 KiB
     # (plain: one in 96)
@@ -776,6 +776,11 @@ def test_lazy_rescaling_is_the_wgmma_rule():
         assert cfg.defines(64)["RESCALE_LOG2"] == 8
     d128 = KernelConfig(8, 128, "wgmma", ws=True)
     assert d128.rescale_log2(128) == 8 and d128.defines(128)["RESCALE_LOG2"] == 8
+    # the producer tiles at d = 128 decide it by each half of a warp's rows, the rest by the warp
+    assert d128.rescale_rows(128) == 8 and d128.defines(128)["RESCALE_ROWS"] == 8
+    for cfg, d in ((d128, 64), (KernelConfig(16, 64, "wgmma"), 64), (KernelConfig(8, 128, "wgmma"), 128),
+                   (KernelConfig(12, 128, "wgmma", ws=True), 64)):
+        assert cfg.rescale_rows(d) == 16 and "RESCALE_ROWS" not in cfg.defines(d)
     for cfg in (DEFAULT, KernelConfig(4, 64, "mma"), KernelConfig(8, 64, "mma", 2)):
         assert cfg.rescale_log2(64) == 0 and "RESCALE_LOG2" not in cfg.defines(64)
         assert cfg.rescale_log2(128) == 0 and "RESCALE_LOG2" not in cfg.defines(128)
@@ -856,6 +861,29 @@ def test_lazy_rescaling_model(monkeypatch):
     monkeypatch.setattr(config_module, "WGMMA_RESCALE_LOG2", 1000)
     with np.errstate(over="ignore", invalid="ignore"):
         assert not np.isfinite(model.attention(q, k, v, **kw)).all()
+
+
+def test_lazy_rescaling_by_half_warps_model(monkeypatch):
+    """On the d = 128 producer tile each 8 rows of a warp decide a lazy rescale on their own
+    (rescale_rows 8): the model matches the reference, and where the second half of every
+    warp's rows climbs faster than the first, it rounds differently from the whole warp's
+    vote (rescale_rows 16)."""
+    cfg = KernelConfig(8, 128, "wgmma", ws=True)
+    s = Shape("lazy8", Sq=200, Hq=4, Hkv=2, d=128, past=120, sink="per_head", q_scale=2.0, config=cfg, seed=5)
+    q, k, v, sink = _climbing(s)
+    for i in range(8, 16):
+        q[:, i::16] *= 4
+    kw = dict(kwargs(s, sink), config=cfg)
+    expected = reference.attention(q, k[:, :, :s.skv], v[:, :, :s.skv], dtype=np.float64,
+                                   **kwargs(s, sink))
+    assert cfg.rescale_rows(128) == 8
+    halves = model.attention(q, k, v, **kw)
+    assert_close(halves, expected)
+    monkeypatch.setattr(config_module, "WGMMA_RESCALE_ROWS_HEAD_DIMS", ())
+    assert cfg.rescale_rows(128) == 16
+    whole = model.attention(q, k, v, **kw)
+    assert_close(whole, expected)
+    assert not np.array_equal(halves, whole)
 
 
 @pytest.mark.parametrize("name", [m.name for m in MUTANTS if m.name in KILLERS])

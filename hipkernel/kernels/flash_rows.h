@@ -19,6 +19,14 @@
 #ifndef RESCALE_LOG2
 #define RESCALE_LOG2 0
 #endif
+// RESCALE_ROWS: the rows that decide a lazy rescale together, 16 (the warp's) or 8 (each half
+// of them on its own; KernelConfig.rescale_rows sets it, the model follows).
+#ifndef RESCALE_ROWS
+#define RESCALE_ROWS 16
+#endif
+#if RESCALE_ROWS != 8 && RESCALE_ROWS != 16
+#error "RESCALE_ROWS: 8 or 16, the rows that decide a lazy rescale together"
+#endif
 
 // Q rows g and g + 8 of the group as A fragments: qf[kc] holds dims [16 kc, 16 kc + 16).
 // qrow[r] points at dim 2 t4 of row g + 8 r, or is null for a row not computed (past Sq, or
@@ -91,16 +99,29 @@ HK_INLINE bool softmax_tile(float (&s)[NB_S][4], float (&m)[2], float (&alpha)[2
         m_new[r] = hk_fmax(m[r], hk_mul_up(c2, m_tile[r]));  // rounded up: p <= 1 (portable.h)
     }
 #if RESCALE_LOG2 > 0
-    // Lazy rescaling: the warp keeps its rows' running max m while no row's grows by more
-    // than RESCALE_LOG2 (in exp2 space) in this tile, so p <= 2^RESCALE_LOG2 and acc, l
-    // stay relative to the same m (the epilogue divides the shift out); otherwise every
-    // row of the warp rescales as below. A row that has seen nothing (m = -inf) and sees
-    // something now always rescales.
+    // Lazy rescaling: the warp (with RESCALE_ROWS 8, each half of its rows) keeps its rows'
+    // running max m while no row's grows by more than RESCALE_LOG2 (in exp2 space) in this
+    // tile, so p <= 2^RESCALE_LOG2 and acc, l stay relative to the same m (the epilogue
+    // divides the shift out); otherwise each of those rows rescales as below. A row that has
+    // seen nothing (m = -inf) and sees something now always rescales.
+#if RESCALE_ROWS == 8
+    // each half of the warp's rows (the lanes' row g, then g + 8) votes on its own: a row's
+    // exp2 waits for its own half's vote only; acc is scaled when either half moved (alpha = 1
+    // exactly in a half that kept its m)
+    bool rescale = false;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const bool half = hk_any(m_new[r] > m[r] + RESCALE_LOG2);
+        if (!half) m_new[r] = m[r];
+        rescale = rescale || half;
+    }
+#else
     const bool rescale = hk_any(m_new[0] > m[0] + RESCALE_LOG2 || m_new[1] > m[1] + RESCALE_LOG2);
     if (!rescale) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) m_new[r] = m[r];
     }
+#endif
 #endif
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
