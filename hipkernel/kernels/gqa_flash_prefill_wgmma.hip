@@ -304,15 +304,16 @@
 // 4.588 / 4.606 ms against 4.688 / 4.696, 512@8192 0.1370 / 0.1371 against 0.1407 / 0.1409. With the TMA producer it still pays without
 // OVERLAP (512@8192 0.1228 / 0.1224 against 0.1260 / 0.1259 without it; 16384@0 4.17 / 4.19
 // against 4.19 / 4.20), and not with it (16384@0 4.02 / 4.05 against 4.03 / 4.02, 512@8192
-// 0.1191 / 0.1217 against 0.1188 / 0.1198): on with the producer unless OVERLAP is, and
-// with OVERLAP on the three consumer warpgroups (M_TILES 12), where the token passes round
-// all three as in FlashAttention-4's sm90 forward: with the row sums in P.V (ROWSUM_N72) on
-// an H100 (hipkernel.ab, three passes) 128@8192 0.0838-0.0850 ms against 0.0861-0.0873
-// without it, B4 4096@4096 3.466-3.484 against 3.494-3.496, 16384@0 4.514-4.569 against
-// 4.543-4.564.
+// 0.1191 / 0.1217 against 0.1188 / 0.1198): on with the producer unless OVERLAP is. On the
+// three consumer warpgroups (M_TILES 12), passed round all three as in FlashAttention-4's
+// sm90 forward, it paid with the row sums in P.V (ROWSUM_N72; on an H100, hipkernel.ab,
+// three passes, 128@8192 0.0838-0.0850 ms against 0.0861-0.0873 without it, 16384@0
+// 4.514-4.569 against 4.543-4.564) and no longer with the wait for the owed P.V after the
+// first key block (PV_WAIT_SPLIT 1; three runs of three passes, bit-identical: 16384@0
+// 0.0-1.2 % slower with it, B4 4096@4096 -0.6-1.1 %, 128@8192 level): off there too.
 #define NWG (M_TILES / 4)  // warpgroups that own rows
 #ifndef PINGPONG
-#define PINGPONG (WS && (!OVERLAP || NWG == 3))
+#define PINGPONG (WS && !OVERLAP)
 #endif
 #if PINGPONG && NWG < 2
 #error "PINGPONG passes a token between warpgroups: M_TILES >= 8"
