@@ -24,6 +24,10 @@ alphas), and ``--against OTHER.csv`` prints each opcode's executions a unit and 
 samples in both listings (the other's units by the same rule):
 
     python scripts/ncu_sass_stalls.py ours-sass.csv --against fa4-sass.csv --per MUFU.EX2=66
+
+The comparison also prints the samples of each stall reason in both listings, and with
+``--reason NAME`` (repeatable: ``wait``, ``math``, ...) the opcodes by that reason's samples
+in both: where one kernel's warps wait that the other's do not.
 """
 
 from __future__ import annotations
@@ -109,10 +113,12 @@ def summary(lines: list[Line], phases=()) -> dict:
     for x in lines:
         for r, n in x.stalls.items():
             reasons[r] = reasons.get(r, 0) + n
-        o = opcodes.setdefault(x.opcode, {"samples": 0, "wait": 0, "executed": 0})
+        o = opcodes.setdefault(x.opcode, {"samples": 0, "wait": 0, "executed": 0, "stalls": {}})
         o["samples"] += x.samples
         o["wait"] += x.stalls.get("wait", 0)
         o["executed"] += x.executed
+        for r, n in x.stalls.items():
+            o["stalls"][r] = o["stalls"].get(r, 0) + n
     for o in opcodes.values():
         o["share"], o["wait_share"] = share(o["samples"]), share(o["wait"])
     out_phases = {}
@@ -158,9 +164,11 @@ def units(lines: list[Line], per: tuple[str, float]) -> float:
     return count / n
 
 
-def compare(lines: list[Line], other: list[Line], per: tuple[str, float]) -> dict:
+def compare(lines: list[Line], other: list[Line], per: tuple[str, float], reasons=()) -> dict:
     """Opcode by opcode, executions a unit of work (``units``) and stall samples of two
-    listings, the opcodes with the most samples in both first."""
+    listings, the opcodes with the most samples in both first; the samples of every stall
+    reason in both; and for each of ``reasons``, the opcodes by that reason's samples in both
+    (most first)."""
     a, b = summary(lines), summary(other)
     ua, ub = units(lines, per), units(other, per)
     ops = sorted(set(a["opcodes"]) | set(b["opcodes"]),
@@ -170,10 +178,22 @@ def compare(lines: list[Line], other: list[Line], per: tuple[str, float]) -> dic
         x, y = a["opcodes"].get(o, {}), b["opcodes"].get(o, {})
         rows[o] = {"per_unit": [x.get("executed", 0) / ua, y.get("executed", 0) / ub],
                    "samples": [x.get("samples", 0), y.get("samples", 0)]}
+    both = sorted(set(a["reasons"]) | set(b["reasons"]),
+                  key=lambda r: -(a["reasons"].get(r, {}).get("samples", 0) + b["reasons"].get(r, {}).get("samples", 0)))
+    by_reason = {}
+    for r in reasons:
+        if r not in both:
+            raise ValueError(f"reason: no stall reason {r!r} in either listing (they have: {', '.join(both)})")
+        n = {o: [a["opcodes"].get(o, {}).get("stalls", {}).get(r, 0),
+                 b["opcodes"].get(o, {}).get("stalls", {}).get(r, 0)] for o in ops}
+        by_reason[r] = dict(sorted(((o, v) for o, v in n.items() if any(v)), key=lambda kv: -sum(kv[1])))
     return {"per": {"opcode": per[0], "n": per[1]}, "units": [ua, ub],
             "samples": [a["samples"], b["samples"]],
             "executed_per_unit": [sum(x.executed for x in lines) / ua, sum(x.executed for x in other) / ub],
-            "opcodes": rows}
+            "opcodes": rows,
+            "reasons": {r: [a["reasons"].get(r, {}).get("samples", 0), b["reasons"].get(r, {}).get("samples", 0)]
+                        for r in both},
+            "by_reason": by_reason}
 
 
 def hot_lines(lines: list[Line], min_executed: float) -> list[Line]:
@@ -193,10 +213,17 @@ def main(argv=None) -> int:
                     help="a unit of work: N executions of OPCODE (e.g. MUFU.EX2=66); with --against")
     ap.add_argument("--against", type=Path, default=None, metavar="OTHER.csv",
                     help="another kernel's listing: executions a unit and samples, opcode by opcode")
+    ap.add_argument("--reason", action="append", default=[], metavar="NAME",
+                    help="with --against: the opcodes by this stall reason's samples in both (e.g. "
+                         "wait, math); repeatable")
     args = ap.parse_args(argv)
     if (args.per is None) != (args.against is None):
         print("ncu_sass_stalls: error: --per and --against go together (the unit of work the two "
               "listings are compared by)", file=sys.stderr)
+        return 2
+    if args.reason and args.against is None:
+        print("ncu_sass_stalls: error: --reason compares two listings: give --against and --per",
+              file=sys.stderr)
         return 2
     try:
         lines = read(args.csv)
@@ -204,7 +231,7 @@ def main(argv=None) -> int:
         doc = summary(lines, phases)
         if args.against is not None:
             doc["against"] = {"csv": str(args.against),
-                              **compare(lines, read(args.against), parse_per(args.per))}
+                              **compare(lines, read(args.against), parse_per(args.per), args.reason)}
     except ValueError as e:
         print(f"ncu_sass_stalls: error: {e}", file=sys.stderr)
         return 2
@@ -230,6 +257,13 @@ def main(argv=None) -> int:
         for o, v in list(c["opcodes"].items())[:args.top]:
             print(f"  {o:12s} {v['per_unit'][0]:10.1f} {v['per_unit'][1]:10.1f} "
                   f"{v['samples'][0]:9d} {v['samples'][1]:9d}")
+        print("  by stall reason (samples in each):")
+        for r, (x, y) in list(c["reasons"].items())[:args.top]:
+            print(f"  {r:20s} {x:12d} {y:9d}")
+        for r, rows in c["by_reason"].items():
+            print(f"  opcodes by '{r}' samples:")
+            for o, (x, y) in list(rows.items())[:args.top]:
+                print(f"  {o:20s} {x:12d} {y:9d}")
     if args.lines is not None:
         print(f"lines executed at least {args.lines:g} times (index, executed, samples, top reasons):")
         for x in hot_lines(lines, args.lines):

@@ -118,11 +118,19 @@ def test_two_listings_compare_per_unit_of_work(script, listing, tmp_path, capsys
     # by opcode without modifiers: every MUFU
     assert script.compare(script.read(listing), script.read(other),
                           script.parse_per("MUFU=1"))["units"] == [2000.0, 2010.0]
+    # every stall reason in both, the most samples first; and one reason opcode by opcode
+    assert c["reasons"] == {"wait": [66, 26], "selected": [27, 14], "long_sb": [7, 0]}
+    w = script.compare(script.read(listing), script.read(other), script.parse_per("MUFU.EX2=2"),
+                       ["wait", "long_sb"])["by_reason"]
+    assert w["wait"] == {"MUFU": [60, 26], "HGMMA": [6, 0]}  # opcodes with none in either left out
+    assert w["long_sb"] == {"MUFU": [5, 0], "BRA": [2, 0]}
     out = tmp_path / "c.json"
-    assert script.main([str(listing), "--against", str(other), "--per", "MUFU.EX2=2", "--json", str(out)]) == 0
+    assert script.main([str(listing), "--against", str(other), "--per", "MUFU.EX2=2", "--json", str(out),
+                        "--reason", "wait"]) == 0
     text = capsys.readouterr().out
     assert "100 samples against 40 (2.500x)" in text and "a unit = 2 MUFU.EX2" in text
-    assert json.loads(out.read_text())["against"]["csv"] == str(other)
+    assert "opcodes by 'wait' samples:" in text
+    assert json.loads(out.read_text())["against"]["by_reason"]["wait"]["MUFU"] == [60, 26]
 
 
 @pytest.mark.parametrize("args,message", [
@@ -131,6 +139,8 @@ def test_two_listings_compare_per_unit_of_work(script, listing, tmp_path, capsys
     (["--per", "MUFU", "--against", "SELF"], "per: expected OPCODE=N"),
     (["--per", "MUFU=0", "--against", "SELF"], "per: expected OPCODE=N"),
     (["--per", "F2FP=32", "--against", "SELF"], "per: no F2FP was executed in this listing"),
+    (["--reason", "wait"], "--reason compares two listings"),
+    (["--per", "MUFU=1", "--against", "SELF", "--reason", "tex"], "reason: no stall reason 'tex'"),
 ])
 def test_a_bad_comparison_is_named(script, listing, capsys, args, message):
     args = [str(listing) if a == "SELF" else a for a in args]
