@@ -6,7 +6,9 @@
 compiles the config's kernel with NVRTC for sm_90a (no GPU or driver), disassembles the cubin
 with ``nvdisasm`` (pip ``nvidia-cuda-nvdisasm``; ``.ci/install-amd.sh`` installs it) and prints
 its registers, spills and instruction counts, and for a wgmma tile under ``OVERLAP`` how many
-``MUFU.EX2`` run between the wait for Q·Kᵀ and the wait for the owed P·V.
+``MUFU.EX2`` run between the wait for Q·Kᵀ and the wait for the owed P·V, and the longest run
+of one opcode of the softmax there (:func:`softmax_runs`: where ptxas issues 60 ``MUFU.EX2`` back
+to back, a warp waits between them where it could issue other work; docs/performance.md).
 
 That last count is why this module exists. Under ``OVERLAP`` (kernels/gqa_flash_prefill_wgmma.hip)
 a consumer issues tile t's Q·Kᵀ and tile t − 1's P·V, waits for the first
@@ -102,6 +104,35 @@ def exp2_between_waits(lines: Sequence[str]) -> int | None:
     return None
 
 
+SOFTMAX_OPCODES = ("FMNMX", "FFMA", "MUFU", "F2FP", "FADD")
+
+
+def softmax_runs(lines: Sequence[str], ops: Sequence[str] = SOFTMAX_OPCODES) -> dict[str, int] | None:
+    """The longest run of consecutive instructions (in address order) of each opcode of ``ops``
+    (the opcode without its modifiers: ``MUFU.EX2`` counts as ``MUFU``) from the first wait
+    that leaves one wgmma group in flight (``WARPGROUP.DEPBAR.LE gsb0, 0x1``: the wait for
+    Q·Kᵀ under ``OVERLAP``) to the next wgmma issued (``HGMMA``): the softmax of a tile. 0 for
+    an opcode that does not occur there; None without such a wait (no ``OVERLAP``)."""
+    runs = {op: 0 for op in ops}
+    inside, last, length = False, None, 0
+    for line in lines:
+        m = _OPCODE.match(line)
+        if m is None:
+            continue
+        if not inside:
+            wait = _WAIT.search(line)
+            inside = wait is not None and int(wait.group(1), 16) == 1
+            continue
+        base = m.group(1).split(".")[0]
+        if base == "HGMMA":
+            return runs
+        length = length + 1 if base == last else 1
+        last = base
+        if base in runs:
+            runs[base] = max(runs[base], length)
+    return runs if inside else None
+
+
 @dataclass
 class SassReport:
     config: str
@@ -112,6 +143,7 @@ class SassReport:
     instructions: int
     counts: Counter
     exp2_under_pv: int | None
+    runs: dict | None = None  # softmax_runs
 
     def summary(self) -> str:
         top = ", ".join(f"{op} {n}" for op, n in self.counts.most_common(8))
@@ -123,6 +155,9 @@ class SassReport:
         else:
             lines.append(f"  MUFU.EX2 between the wait for Q.K^T and the wait for the owed P.V: "
                          f"{self.exp2_under_pv}")
+        if self.runs is not None:
+            lines.append("  longest run of one opcode from the wait for Q.K^T to the next wgmma: "
+                         + ", ".join(f"{op} {n}" for op, n in self.runs.items()))
         return "\n".join(lines)
 
 
@@ -146,7 +181,7 @@ def inspect(config: str, head_dim: int, extra: dict | None = None, sass_path: Pa
         sass_path.write_text("\n".join(lines) + "\n")
     ops = opcodes(lines)
     return SassReport(config, head_dim, defines, res.regs, res.spills, len(ops), Counter(ops),
-                      exp2_between_waits(lines))
+                      exp2_between_waits(lines), softmax_runs(lines))
 
 
 def _define(text: str) -> tuple[str, int]:

@@ -43,6 +43,33 @@ def test_exp2_between_waits_counts_the_softmax_under_the_owed_pv():
     assert sass.exp2_between_waits(PINNED[:5]) is None
 
 
+def test_softmax_runs_are_the_longest_runs_of_one_opcode_after_the_wait_for_qk():
+    lines = """\
+        /*1c30*/                   FMNMX R1, R1, R2, !PT ;
+        /*1c40*/                   WARPGROUP.DEPBAR.LE gsb0, 0x1 ;
+        /*1c50*/                   FMNMX R1, R1, R2, !PT ;
+        /*1c60*/                   FMNMX R1, R1, R3, !PT ;
+        /*1c70*/                   FFMA R4, R4, R2, -R3 ;
+        /*1c80*/                   FFMA R5, R5, R2, -R3 ;
+        /*1c90*/               @P1 MUFU.EX2 R4, R4 ;
+        /*1ca0*/                   MUFU.EX2 R5, R5 ;
+        /*1cb0*/                   MUFU.EX2 R6, R6 ;
+        /*1cc0*/                   F2FP.F16.F32.PACK_AB R4, R5, R4 ;
+        /*1cd0*/                   MUFU.EX2 R7, R7 ;
+        /*1ce0*/                   HGMMA.64x128x16.F32 R24, gdesc[UR20], RZ, !UPT ;
+        /*1cf0*/                   MUFU.EX2 R8, R8 ;
+        /*1d00*/                   MUFU.EX2 R9, R9 ;
+        /*1d10*/                   MUFU.EX2 R10, R10 ;
+        /*1d20*/                   MUFU.EX2 R11, R11 ;
+""".splitlines()
+    # from the wait for Q.K^T (the FMNMX before it not counted) to the next wgmma (the four
+    # exp2 after it not counted); the guard predicate and the modifiers do not split a run
+    assert sass.softmax_runs(lines) == {"FMNMX": 2, "FFMA": 2, "MUFU": 3, "F2FP": 1, "FADD": 0}
+    assert sass.softmax_runs(lines, ("MUFU",)) == {"MUFU": 3}
+    assert sass.softmax_runs([l for l in lines if "0x1 ;" not in l]) is None  # no OVERLAP
+    assert sass.softmax_runs(lines[1:7]) == {"FMNMX": 2, "FFMA": 2, "MUFU": 1, "F2FP": 0, "FADD": 0}
+
+
 def test_opcodes_drop_the_guard_and_keep_the_modifiers():
     assert sass.opcodes(PINNED[:5]) == ["WARPGROUP.DEPBAR.LE", "FFMA", "MUFU.EX2", "MUFU.EX2", "MUFU.EX2"]
     assert sass.opcodes(["        /*0000*/   @!UP0 HGMMA.64x128x16.F32 R24, R124, gdesc[UR16], RZ ;"]) == [
