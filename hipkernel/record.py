@@ -502,4 +502,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BrokenPipeError:  # its output piped into head, which closed early
+        sys.stdout = None
+        sys.exit(0)
