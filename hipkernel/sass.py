@@ -7,7 +7,7 @@ compiles the config's kernel with NVRTC for sm_90a (no GPU or driver), disassemb
 with ``nvdisasm`` (pip ``nvidia-cuda-nvdisasm``; ``.ci/install-amd.sh`` installs it) and prints
 its registers, spills and instruction counts, and for a wgmma tile under ``OVERLAP`` how many
 ``MUFU.EX2`` run between the wait for Q·Kᵀ and the wait for the owed P·V, and the longest run
-of one opcode of the softmax there (:func:`softmax_runs`: where ptxas issues 60 ``MUFU.EX2`` back
+of one opcode of the softmax there (:func:`softmax_runs`: where ptxas issues 55 ``MUFU.EX2`` back
 to back, a warp waits between them where it could issue other work; docs/performance.md).
 
 That last count is why this module exists. Under ``OVERLAP`` (kernels/gqa_flash_prefill_wgmma.hip)
