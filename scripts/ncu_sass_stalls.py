@@ -113,13 +113,13 @@ def summary(lines: list[Line], phases=()) -> dict:
     for x in lines:
         for r, n in x.stalls.items():
             reasons[r] = reasons.get(r, 0) + n
-        o = opcodes.setdefault(x.opcode, {"samples": 0, "wait": 0, "executed": 0, "stalls": {}})
+        o = opcodes.setdefault(x.opcode, {"samples": 0, "executed": 0, "stalls": {}})
         o["samples"] += x.samples
-        o["wait"] += x.stalls.get("wait", 0)
         o["executed"] += x.executed
         for r, n in x.stalls.items():
             o["stalls"][r] = o["stalls"].get(r, 0) + n
     for o in opcodes.values():
+        o["wait"] = o["stalls"].get("wait", 0)
         o["share"], o["wait_share"] = share(o["samples"]), share(o["wait"])
     out_phases = {}
     for name, first, last in phases:
