@@ -29,7 +29,8 @@ B, Hq, Hkv, d, whether their shapes carry a per-head sink), the shapes (``[[shap
 family, sq, past_len, window, sink, and optionally ``target_ms``), ragged shapes
 (``[[ragged]]``, below), flatness groups (``[[flat]]``: shapes whose kernel times must stay
 within ``max / min <= limit``), the data types every shape is benched in (``dtypes``) and
-the bf16 target (``bf16_within``). A shape is named ``FAMILY-SQ@PAST[-wW]``:
+the bf16 target (``bf16_within``) and the peer target (``[peer_within]``, below). A shape is
+named ``FAMILY-SQ@PAST[-wW]``:
 ``gptoss-512@8192-w128`` is a 512-token chunk over an 8192-token cache with W = 128.
 ``--shapes`` also takes names: shapes of the file (bf16 and ragged rows included), a family
 of it (its shapes), ``all``, or any ``FAMILY-SQ@PAST[-wW][-bf16]`` of one of its families
@@ -48,6 +49,15 @@ Tolerance model). ``target_ms`` applies to the fp16 row only. ``bf16_within = F`
 needs both dtypes) adds a target to every shape: the kernel's bf16 time must not exceed F
 times its fp16 time on the same shape, both in the shape's sink mode; a shape whose fp16 row
 was not run or not timed is not judged.
+
+Peer target
+===========
+
+``[peer_within]`` (optional): ``peer`` (the name of a peer adapter), ``factor`` (a number >
+0) and ``why``. It adds a target to every row of the file (fp16, bf16 and ragged): the
+kernel's time must not exceed ``factor`` times the peer's, both in the shape's sink mode and
+timed in the same run. A row where the peer was not requested, could not run that mode or
+failed its check is not judged (reported as such, not as a hit).
 
 Ragged shapes
 =============
@@ -147,11 +157,14 @@ name: ``{"role": "kernel" | "peer", "sink": R, "nosink": R}``, R the result of o
 ``reason``) or null where the mode was not run; and ``targets``: ``hits``, ``misses`` and
 ``untimed`` (``target_ms``), ``flat``, and ``bf16_within`` (per bf16 row: ``shape``,
 ``fp16_shape``, ``factor``, ``mode``, ``bf16_ms``, ``fp16_ms``, ``ratio`` = bf16 / fp16,
-``hit``: null where not judged).
+``hit``: null where not judged), and ``peer_within`` (per row, with ``[peer_within]``:
+``shape``, ``peer``, ``factor``, ``mode``, ``kernel_ms``, ``peer_ms``, ``ratio`` = kernel /
+peer, ``hit``: null where not judged); the file's ``[peer_within]`` is in the record as
+``peer_within``.
 
 Exit status: 0 every check of the kernel passed and every target was hit; 1 the kernel
 failed its check or raised on a shape, or a target (``target_ms``, a flatness group,
-``bf16_within``) was missed; 2 a usage error (a bad flag or shapes file, an unknown or
+``bf16_within``, ``peer_within``) was missed; 2 a usage error (a bad flag or shapes file, an unknown or
 unavailable kernel, an adapter without ``prepare``).
 Peers that mismatch or cannot run are reported, not failures.
 
@@ -328,6 +341,18 @@ class FlatGroup:
     why: str = ""
 
 
+@dataclass(frozen=True)
+class PeerWithin:
+    """``[peer_within]``: the kernel's time on every row at most ``factor`` times ``peer``'s."""
+
+    peer: str
+    factor: float
+    why: str = ""
+
+    def to_dict(self) -> dict:
+        return {"peer": self.peer, "factor": self.factor, "why": self.why}
+
+
 @dataclass
 class ShapeSpec:
     """A loaded shapes file."""
@@ -339,6 +364,7 @@ class ShapeSpec:
     flat: list[FlatGroup] = field(default_factory=list)
     dtypes: tuple[str, ...] = ("fp16",)
     bf16_within: float | None = None
+    peer_within: PeerWithin | None = None
 
     def by_name(self) -> dict[str, Shape]:
         return {s.name: s for s in self.shapes}
@@ -466,7 +492,28 @@ def _dtypes(where: str, doc: dict) -> tuple[tuple[str, ...], float | None]:
     return tuple(x), within
 
 
-_TOP_KEYS = ("description", "dtypes", "bf16_within", "families", "shape", "ragged", "flat")
+def _peer_within(where: str, doc: dict) -> PeerWithin | None:
+    """The file's ``[peer_within]`` table, or None."""
+    t = doc.get("peer_within")
+    if t is None:
+        return None
+    where = f"{where}: peer_within"
+    if not isinstance(t, dict):
+        raise ShapesError(f"{where}: expected a table [peer_within] (peer, factor, why), got {t!r}")
+    _check_keys(where, t, _PEER_WITHIN_KEYS, ("peer", "factor"))
+    peer = t["peer"]
+    if not isinstance(peer, str) or not peer.strip():
+        raise ShapesError(f"{where}: peer: expected a peer's name (e.g. \"fa4\"), got {peer!r}")
+    factor = t["factor"]
+    if not _is_num(factor) or factor <= 0:
+        raise ShapesError(f"{where}: factor: expected a number > 0 (kernel time / peer time), "
+                          f"got {factor!r}")
+    return PeerWithin(peer.strip(), float(factor), _str(where, "why", t.get("why", "")))
+
+
+_TOP_KEYS = ("description", "dtypes", "bf16_within", "peer_within", "families", "shape", "ragged",
+             "flat")
+_PEER_WITHIN_KEYS = ("peer", "factor", "why")
 _FAMILY_KEYS = ("B", "Hq", "Hkv", "d", "sink", "why")
 _SHAPE_KEYS = ("family", "sq", "past_len", "window", "sink", "target_ms", "why")
 _RAGGED_KEYS = ("name", "family", "past_len", "q_len", "sq", "window", "sink", "target_ms", "why")
@@ -497,7 +544,8 @@ def load_shapes(path) -> ShapeSpec:
     _check_keys(str(path), doc, _TOP_KEYS, ("families",))
     dtypes, within = _dtypes(str(path), doc)
     spec = ShapeSpec(path, description=_str(str(path), "description", doc.get("description", "")),
-                     dtypes=dtypes, bf16_within=within)
+                     dtypes=dtypes, bf16_within=within,
+                     peer_within=_peer_within(str(path), doc))
     fams = doc["families"]
     if not isinstance(fams, dict) or not fams:
         raise ShapesError(f"{path}: families: expected tables [families.NAME], got {fams!r}")
@@ -896,16 +944,28 @@ def shape_row(shape: Shape, results: dict, kernel: str, *, blocks=None, error: s
             "ratio": ratio, "ratio_basis": basis, "target": target, "bf16_within": within}
 
 
-def judge_targets(rows: list[dict], flat: list[FlatGroup], kernel: str) -> dict:
+def judge_targets(rows: list[dict], flat: list[FlatGroup], kernel: str,
+                  peer_within: PeerWithin | None = None) -> dict:
     """Target verdicts: per-shape hits and misses (``target_ms``), each flatness group (max /
     min of the kernel's times in the shapes' own mode <= its limit; None when a shape was not
-    timed), and each bf16 row's ``bf16_within`` (its time / its fp16 row's, both in the
-    shape's own mode, <= the factor; None when either was not timed or the fp16 row not run)."""
+    timed), each bf16 row's ``bf16_within`` (its time / its fp16 row's, both in the
+    shape's own mode, <= the factor; None when either was not timed or the fp16 row not run),
+    and with ``peer_within`` every row's time against the peer's (both in the shape's own
+    mode, <= the factor; None when either was not timed)."""
     judged = [r for r in rows if r.get("target") and r["target"]["hit"] is not None]
     out = {"hits": [r["name"] for r in judged if r["target"]["hit"]],
            "misses": [r["name"] for r in judged if not r["target"]["hit"]],
            "untimed": [r["name"] for r in rows if r.get("target") and r["target"]["hit"] is None],
-           "flat": [], "bf16_within": []}
+           "flat": [], "bf16_within": [], "peer_within": []}
+    for r in rows if peer_within else ():
+        mode = "sink" if r["geometry"].get("sink") else "nosink"
+        mine = timed(r["results"].get(kernel), mode)
+        theirs = timed(r["results"].get(peer_within.peer), mode)
+        ratio = mine / theirs if mine is not None and theirs else None
+        out["peer_within"].append({"shape": r["name"], "peer": peer_within.peer,
+                                   "factor": peer_within.factor, "mode": mode, "kernel_ms": mine,
+                                   "peer_ms": theirs, "ratio": ratio,
+                                   "hit": None if ratio is None else ratio <= peer_within.factor})
     by_name = {r["name"]: r for r in rows}
     for r in rows:
         w = r.get("bf16_within")
@@ -942,7 +1002,8 @@ def body_ok(rows: list[dict]) -> bool:
 
 def targets_missed(targets: dict) -> bool:
     return (bool(targets["misses"]) or any(f["hit"] is False for f in targets["flat"])
-            or any(w["hit"] is False for w in targets["bf16_within"]))
+            or any(w["hit"] is False for w in targets["bf16_within"])
+            or any(w["hit"] is False for w in targets.get("peer_within") or ()))
 
 
 # --------------------------------------------------------------------------- one shape
@@ -1181,7 +1242,8 @@ def format_report(body: dict) -> str:
                                           == "ok") for r in rows)]
     width = max([8] + [len(p) for p in peers])
     nw = max([24] + [len(r["name"]) for r in rows])
-    tg = body.get("targets") or {"hits": [], "misses": [], "flat": [], "bf16_within": []}
+    tg = body.get("targets") or {"hits": [], "misses": [], "flat": [], "bf16_within": [],
+                                 "peer_within": []}
     within = {w["shape"]: w for w in tg.get("bf16_within") or []}
     hdr = (f"{'shape':{nw}} {'GFLOP':>8} {'ms':>8} {'TF/s':>6} {'%GEMM':>6} {'nosink':>8} "
            + " ".join(f"{p[:width]:>{width}}" for p in peers)
@@ -1242,6 +1304,16 @@ def format_report(body: dict) -> str:
         factors = "/".join(f"{f:g}" for f in dict.fromkeys(w["factor"] for w in ws))
         lines.append(f"bf16 within {factors}x of fp16 ({kernel} in each shape's sink mode): "
                      f"{len(hit)} hit, {len(miss)} missed" + (f" ({', '.join(miss)})" if miss else "")
+                     + (f", {len(unjudged)} not judged ({', '.join(unjudged)})" if unjudged else ""))
+    pw = tg.get("peer_within") or []
+    if pw:
+        miss = [f"{w['shape']} {w['ratio']:.2f}x" for w in pw if w["hit"] is False]
+        unjudged = [w["shape"] for w in pw if w["hit"] is None]
+        factors = "/".join(f"{f:g}" for f in dict.fromkeys(w["factor"] for w in pw))
+        peer_names = "/".join(dict.fromkeys(w["peer"] for w in pw))
+        lines.append(f"within {factors}x of {peer_names} ({kernel} against it, each in the shape's "
+                     f"sink mode): {sum(w['hit'] is True for w in pw)} hit, {len(miss)} missed"
+                     + (f" ({', '.join(miss)})" if miss else "")
                      + (f", {len(unjudged)} not judged ({', '.join(unjudged)})" if unjudged else ""))
     if notes:
         lines += ["", "notes:"] + [f"  {n}" for n in dict.fromkeys(notes)]
@@ -1389,7 +1461,7 @@ def run(args) -> int:
     for i, (shape, cs) in enumerate(zip(shapes, cases)):
         bench.say(f"[{i + 1}/{len(shapes)}] {shape.name} ({', '.join(shape.modes)})")
         rows.append(bench_shape(bench, shape, cs))
-    targets = judge_targets(rows, spec.flat, kernel.name)
+    targets = judge_targets(rows, spec.flat, kernel.name, spec.peer_within)
     ok = body_ok(rows)
     body = {
         "schema": 1, "kind": "bench", "kernel": kernel.name, "kernel_spec": kernel_name,
@@ -1405,6 +1477,7 @@ def run(args) -> int:
         "kernel_available": reason, "torch": getattr(T, "__version__", None),
         "peers_requested": [p.name for p in peers], "peers_available": peers_available,
         "shapes_file": str(spec.path), "dtypes": list(spec.dtypes), "bf16_within": spec.bf16_within,
+        "peer_within": None if spec.peer_within is None else spec.peer_within.to_dict(),
         "flop_formula": FLOP_FORMULA,
         "timing": {"method": timer.method, "statistic": "median", "warmup": args.warmup,
                    "reps": args.reps, "rounds": args.rounds,
@@ -1434,7 +1507,7 @@ def run(args) -> int:
     return EXIT_OK
 
 
-__all__ = ["CHECK_ROWS", "FLOP_FORMULA", "Family", "FlatGroup", "Impl", "Run", "Shape", "ShapeSpec",
+__all__ = ["CHECK_ROWS", "FLOP_FORMULA", "Family", "FlatGroup", "Impl", "PeerWithin", "Run", "Shape", "ShapeSpec",
            "ShapesError", "add_arguments", "bench_inputs", "bench_shape", "best_peer", "check_blocks",
            "check_row_blocks", "default_shapes_path", "format_report", "judge_output", "judge_targets",
            "load_shapes", "parse_shape", "ragged_row_blocks", "resolve_shapes", "run",

@@ -988,6 +988,84 @@ def test_a_bf16_row_without_its_fp16_row_is_not_judged(mixed_file):
     assert "0 hit, 0 missed, 1 not judged (tiny-8@4-bf16)" in bench.format_report(body)
 
 
+PEER_WITHIN = '\n[peer_within]\npeer = "PEER"\nfactor = 0.95\nwhy = "lead the peer by 5 %"\n'
+
+
+def peer_within_file(tmp_path, peer: str) -> Path:
+    """TINY with a ``[peer_within]`` table naming ``peer``, after the file's top-level keys."""
+    head, rest = TINY.split("\n[families.tiny]", 1)
+    return write(tmp_path / "peer.toml", head + PEER_WITHIN.replace("PEER", peer) + "\n[families.tiny]" + rest)
+
+
+def test_the_peer_within_target_judges_every_row_in_its_sink_mode(capsys, tmp_path, fake_timer):
+    fake_timer.ms = {"fake-kernel|sink": 0.45, "fake-kernel|nosink": 0.495, "sink-peer": 0.5}
+    code, rec, err = bench_json(capsys, peer_within_file(tmp_path, "sink-peer"),
+                                peers=f"{HERE}:SinkPeer")
+    assert code == 1 and rec["ok"] is True, err  # a missed target fails the command, not the record
+    assert rec["peer_within"] == {"peer": "sink-peer", "factor": 0.95, "why": "lead the peer by 5 %"}
+    pw = {w["shape"]: w for w in rec["targets"]["peer_within"]}
+    assert list(pw) == ["tiny-8@4", "tiny-120@50-w16", "plain-20@3"]
+    assert pw["tiny-8@4"] == {"shape": "tiny-8@4", "peer": "sink-peer", "factor": 0.95, "mode": "sink",
+                              "kernel_ms": 0.45, "peer_ms": 0.5, "ratio": pytest.approx(0.9), "hit": True}
+    assert pw["tiny-120@50-w16"]["hit"] is True
+    # the shape without a sink: both in the no-sink mode, 0.495 / 0.5 > 0.95
+    assert (pw["plain-20@3"]["mode"], pw["plain-20@3"]["ratio"], pw["plain-20@3"]["hit"]) == (
+        "nosink", pytest.approx(0.99), False)
+    assert rec["targets"]["misses"] == []  # target_ms alone would have passed
+    assert ("within 0.95x of sink-peer (fake-kernel against it, each in the shape's sink mode): "
+            "2 hit, 1 missed (plain-20@3 0.99x)") in err
+    fake_timer.ms["fake-kernel|nosink"] = 0.475  # at the factor is a hit
+    code, rec, err = bench_json(capsys, peer_within_file(tmp_path, "sink-peer"),
+                                peers=f"{HERE}:SinkPeer")
+    assert code == 0, err
+    assert [w["hit"] for w in rec["targets"]["peer_within"]] == [True, True, True]
+
+
+def test_a_row_the_peer_did_not_time_is_not_judged(capsys, tmp_path, fake_timer):
+    """The peer without a sink or a window times only the plain shape; a wrong peer is not
+    timed; a peer the run was not given times nothing: those rows are not judged, not hits."""
+    fake_timer.ms = {"fake-kernel": 0.5, "nosink-peer": 1.0, "wrong-peer": 1.0}
+    code, rec, err = bench_json(capsys, peer_within_file(tmp_path, "nosink-peer"),
+                                peers=f"{HERE}:NoSinkPeer")
+    assert code == 0, err
+    assert [(w["shape"], w["hit"]) for w in rec["targets"]["peer_within"]] == [
+        ("tiny-8@4", None), ("tiny-120@50-w16", None), ("plain-20@3", True)]
+    assert "1 hit, 0 missed, 2 not judged (tiny-8@4, tiny-120@50-w16)" in err
+    code, rec, err = bench_json(capsys, peer_within_file(tmp_path, "wrong-peer"),
+                                peers=f"{HERE}:WrongPeer")
+    assert [(w["shape"], w["hit"]) for w in rec["targets"]["peer_within"]] == [
+        ("tiny-8@4", True), ("tiny-120@50-w16", None), ("plain-20@3", True)]  # row 60 is wrong
+    code, rec, err = bench_json(capsys, peer_within_file(tmp_path, "fa4"), peers="none")
+    assert code == 0 and [w["hit"] for w in rec["targets"]["peer_within"]] == [None] * 3
+    assert "0 hit, 0 missed, 3 not judged" in err
+
+
+def test_without_peer_within_no_row_is_judged_against_a_peer(capsys, shapes_file, fake_timer):
+    code, rec, _ = bench_json(capsys, shapes_file, peers=f"{HERE}:SinkPeer")
+    assert rec["peer_within"] is None and rec["targets"]["peer_within"] == []
+
+
+@pytest.mark.parametrize("table, words", [
+    ('peer_within = 0.95', ["peer_within: expected a table [peer_within]"]),
+    ('[peer_within]\nfactor = 0.95', ["peer_within: peer: required key is missing"]),
+    ('[peer_within]\npeer = "fa4"', ["peer_within: factor: required key is missing"]),
+    ('[peer_within]\npeer = ""\nfactor = 0.95', ["peer_within: peer: expected a peer's name"]),
+    ('[peer_within]\npeer = 4\nfactor = 0.95', ["peer_within: peer: expected a peer's name"]),
+    ('[peer_within]\npeer = "fa4"\nfactor = 0', ["peer_within: factor: expected a number > 0"]),
+    ('[peer_within]\npeer = "fa4"\nfactor = "fast"', ["peer_within: factor: expected a number > 0"]),
+    ('[peer_within]\npeer = "fa4"\nfactor = 0.9\nmode = "sink"', ["peer_within: mode: unknown key"]),
+    ('[peer_within]\npeer = "fa4"\nfactor = 0.9\nwhy = 3', ["peer_within: why: expected a string"]),
+])
+def test_a_bad_peer_within_is_an_error_naming_the_key(tmp_path, table, words):
+    head, rest = TINY.split("\n[families.tiny]", 1)
+    p = write(tmp_path / "bad.toml", head + "\n" + table + "\n\n[families.tiny]" + rest)
+    with pytest.raises(bench.ShapesError) as e:
+        bench.load_shapes(p)
+    assert str(e.value).startswith(str(p))
+    for w in words:
+        assert w in str(e.value), str(e.value)
+
+
 # --------------------------------------------------------------------------- interleaved rounds
 
 class DriftingTimer:
