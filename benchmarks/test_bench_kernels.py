@@ -110,7 +110,8 @@ def summary(pytestconfig):
             "peers_available": {p.name: {"available": p.available, "reason": p.reason} for p in run.peers},
             "timing": {"method": run.timer.method, "warmup": WARMUP, "reps": REPS, "rounds": ROUNDS},
             "ceilings": _STATE["ceilings"] or {"reason": "not measured in this run"},
-            "shapes": rows, "targets": bench.judge_targets(rows, SPEC.flat, run.kernel.name)}
+            "shapes": rows,
+            "targets": bench.judge_targets(rows, SPEC.flat, run.kernel.name, SPEC.peer_within)}
     with capman.global_and_fixture_disabled():  # teardown output is captured otherwise
         tr.write_line("")
         for line in bench.format_report(body).splitlines():
