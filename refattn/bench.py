@@ -162,6 +162,14 @@ name: ``{"role": "kernel" | "peer", "sink": R, "nosink": R}``, R the result of o
 peer, ``hit``: null where not judged); the file's ``[peer_within]`` is in the record as
 ``peer_within``.
 
+``--judge RECORD`` times nothing: it judges the times of an earlier run's record against the
+targets of the shapes file (``--shapes FILE``, default the default file), prints the table,
+and with ``--json`` writes the record with the new ``target``, ``bf16_within``, ``targets``,
+``shapes_file`` and ``peer_within``, and ``judged`` (``date``, ``record``, ``shapes_file``,
+``how``, ``unlisted``: rows of the record the file has no shape for, judged by no target);
+the run's own fields (times, checks, ``date``, ``kernel_source_hash``) are kept. A changed
+target is judged on the times it was not known to, without a GPU.
+
 Exit status: 0 every check of the kernel passed and every target was hit; 1 the kernel
 failed its check or raised on a shape, or a target (``target_ms``, a flatness group,
 ``bf16_within``, ``peer_within``) was missed; 2 a usage error (a bad flag or shapes file, an unknown or
@@ -919,29 +927,42 @@ def shape_row(shape: Shape, results: dict, kernel: str, *, blocks=None, error: s
     """One row of the report: ``results`` (name -> ``{"role", "sink", "nosink"}``), the best
     peer, the ratio kernel / best peer with the kernel in the best peer's mode, the target
     judged on the kernel in the shape's own mode."""
-    k = results.get(kernel) or {}
+    target, within = row_targets(shape, results.get(kernel) or {})
+    return {"name": shape.name, "geometry": shape.to_dict(), "flops": shape.flops(),
+            "check_rows": [list(b) for b in (blocks or [])], "results": results,
+            "kernel_error": error, **peer_ratio(results, kernel), "target": target,
+            "bf16_within": within}
+
+
+def peer_ratio(results: dict, kernel: str) -> dict:
+    """A row's ``best_peer``, ``best_peer_mode``, ``best_peer_ms``, and ``ratio`` = the
+    kernel's time / the best peer's, with the kernel in the best peer's mode
+    (``ratio_basis``)."""
     bp = best_peer(results)
     ratio = basis = best_ms = None
     if bp is not None:
         best_ms = timed(results[bp[0]], bp[1])
         basis = "sink" if bp[1] == "sink" else "no sink"
-        mine = timed(k, bp[1])
+        mine = timed(results.get(kernel) or {}, bp[1])
         if mine is not None:
             ratio = mine / best_ms
+    return {"best_peer": None if bp is None else bp[0], "best_peer_mode": None if bp is None else bp[1],
+            "best_peer_ms": best_ms, "ratio": ratio, "ratio_basis": basis}
+
+
+def row_targets(shape: Shape, kernel_results: dict) -> tuple[dict | None, dict | None]:
+    """A row's ``target`` (``target_ms`` judged on the kernel's results in the shape's own
+    mode) and ``bf16_within`` (what judge_targets judges it by, with the fp16 row's time)."""
     target = None
     if shape.target_ms is not None:
-        ms = timed(k, shape.main_mode)
+        ms = timed(kernel_results, shape.main_mode)
         target = {"ms": shape.target_ms, "mode": shape.main_mode, "measured_ms": ms,
                   "ratio": None if ms is None else ms / shape.target_ms,
                   "hit": None if ms is None else ms <= shape.target_ms}
     within = None
-    if shape.bf16_within is not None:  # judged with the fp16 row's time (judge_targets)
+    if shape.bf16_within is not None:
         within = {"factor": shape.bf16_within, "mode": shape.main_mode, "fp16_shape": shape.fp16_name}
-    return {"name": shape.name, "geometry": shape.to_dict(), "flops": shape.flops(),
-            "check_rows": [list(b) for b in (blocks or [])], "results": results,
-            "kernel_error": error, "best_peer": None if bp is None else bp[0],
-            "best_peer_mode": None if bp is None else bp[1], "best_peer_ms": best_ms,
-            "ratio": ratio, "ratio_basis": basis, "target": target, "bf16_within": within}
+    return target, within
 
 
 def judge_targets(rows: list[dict], flat: list[FlatGroup], kernel: str,
@@ -1224,6 +1245,10 @@ def format_report(body: dict) -> str:
              + (f", in {tm['rounds']} interleaved rounds" if (tm.get("rounds") or 1) > 1 else "")
              + f"; {tm.get('method', '')}",
              f"check: {CHECK_METHOD}"]
+    j = body.get("judged")
+    if isinstance(j, dict):
+        lines.append(f"targets: judged on {j.get('date')} against {j.get('shapes_file')}, from the "
+                     f"times of the run of {body.get('date')}; nothing was timed again")
     avail = body.get("peers_available") or {}
     if avail:
         lines.append("peers: " + "; ".join(f"{n} {'yes' if v.get('available') else 'no'} "
@@ -1340,7 +1365,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the kernel under test: a registered name (hipkernel, hipkernel:cuda) or an "
                         "import path package.module:Class. Default: the best available kernel, as "
                         "for refattn run")
-    p.add_argument("--peers", type=parse_peer_list, default=list(DEFAULT_PEERS), metavar="LIST",
+    p.add_argument("--peers", type=parse_peer_list, default=None, metavar="LIST",
                    help=f"comma-separated peers: {', '.join(DEFAULT_PEERS)} (refattn.adapters.torch_peers), a "
                         f"registered kernel or an import path; or none (default: "
                         f"{','.join(DEFAULT_PEERS)})")
@@ -1366,6 +1391,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-ceilings", dest="ceilings", action="store_false",
                    help="skip the fp16 GEMM and copy ceilings")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output on stderr")
+    p.add_argument("--judge", metavar="RECORD", default=None,
+                   help="time nothing: judge the times of a bench record (--json of an earlier "
+                        "run) against the targets of the shapes file (--shapes FILE, default "
+                        "benchmarks/shapes.toml), print its table, and with --json write the "
+                        "record with those verdicts and a 'judged' field saying so")
     p.epilog = ("examples:\n"
                 "  refattn bench --kernel hipkernel                  # every shape, all peers\n"
                 "  refattn bench --kernel hipkernel --shapes gptoss-512@8192-w128 --peers flex,fa4\n"
@@ -1373,6 +1403,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                 "  refattn bench --kernel hipkernel --shapes gptoss-1024@4096-w128   # any FAMILY-SQ@PAST[-wW]\n"
                 "  refattn bench --kernel hipkernel --shapes gptoss-512@8192,gptoss-512@8192-bf16\n"
                 "  refattn bench --kernel mypkg.adapters:MyKernel --shapes my_shapes.toml --json b.json\n"
+                "  refattn bench --judge b.json --shapes my_shapes.toml   # new targets, old times\n"
                 "\nexit status: 0 every check of the kernel passed and every target was hit; 1 the "
                 "kernel failed its check against the reference or raised on a shape, or a target "
                 "was missed (peers that mismatch or cannot run are reported, not failures); 2 a "
@@ -1398,6 +1429,92 @@ def _device_name(T) -> str:
     return f"host {platform.machine() or 'CPU'} (no CUDA device visible to torch)"
 
 
+def _judge_options(args) -> None:
+    """With --judge, the options that time or choose implementations are errors, not ignored."""
+    from refattn.cli import UsageError
+
+    given = [opt for opt, value, default in (
+        ("--kernel", args.kernel, None), ("--peers", args.peers, None),
+        ("--reps", args.reps, DEFAULT_REPS), ("--warmup", args.warmup, DEFAULT_WARMUP),
+        ("--rounds", args.rounds, DEFAULT_ROUNDS), ("--no-ceilings", args.ceilings, True))
+        if value != default]
+    if given:
+        raise UsageError(f"{given[0]}: not with --judge, which times nothing (the record names its "
+                         f"kernel and peers)")
+    if args.shapes is not None and not (args.shapes.strip().endswith(".toml")
+                                        or Path(args.shapes.strip()).is_file()):
+        raise UsageError(f"--shapes: with --judge, a shapes file (.toml) whose targets judge the "
+                         f"record, got {args.shapes!r}")
+
+
+def _read_bench_record(path: str) -> dict:
+    """A bench record of this engine (``shapes`` with ``results`` per adapter), or UsageError
+    naming the file and what is wrong with it."""
+    import json
+
+    from refattn import schema
+    from refattn.cli import UsageError
+
+    try:
+        rec = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:  # ValueError: JSON, UTF-8
+        raise UsageError(f"--judge: {path}: cannot read a JSON record: {type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''}") from None
+    if not isinstance(rec, dict) or rec.get("kind") != "bench":
+        got = rec.get("kind") if isinstance(rec, dict) else type(rec).__name__
+        raise UsageError(f"--judge: {path}: not a bench record (kind {got!r})")
+    found = schema.gpu_record_problems(rec)
+    rows = rec.get("shapes")
+    if not found and not (isinstance(rec.get("kernel"), str) and isinstance(rows, list) and rows):
+        found = ["expected 'kernel' and a non-empty list 'shapes' (the record of refattn bench)"]
+    for i, r in enumerate(rows if not found else ()):
+        if not (isinstance(r.get("name"), str) and isinstance(r.get("results"), dict)
+                and isinstance(r.get("geometry"), dict) and _is_num(r.get("flops"))):
+            found = [f"shapes[{i}]: expected 'name', 'geometry', 'flops' and 'results' (the "
+                     f"record of refattn bench)"]
+            break
+    if found:
+        raise UsageError(f"--judge: {path}: {found[0]}")
+    return rec
+
+
+def judge_record(args) -> int:
+    """``--judge RECORD``: the record's times judged against the shapes file's targets (module
+    docstring, Output); nothing is timed. Exit status as for a bench run."""
+    from refattn.cli import UsageError
+    from refattn.fileio import atomic_write_text, json_text
+
+    _judge_options(args)
+    rec = _read_bench_record(args.judge)
+    try:
+        spec, _ = resolve_shapes(args.shapes)
+    except ShapesError as e:
+        raise UsageError(f"--shapes: {e}") from None
+    kernel, by_name, rows = rec["kernel"], spec.by_name(), []
+    for r in rec["shapes"]:
+        shape = by_name.get(r["name"])
+        target, within = row_targets(shape, r["results"].get(kernel) or {}) if shape else (None, None)
+        rows.append({**r, **peer_ratio(r["results"], kernel), "target": target, "bf16_within": within})
+    body = {**rec, "shapes_file": str(spec.path), "bf16_within": spec.bf16_within,
+            "peer_within": None if spec.peer_within is None else spec.peer_within.to_dict(),
+            "shapes": rows, "targets": judge_targets(rows, spec.flat, kernel, spec.peer_within),
+            "judged": {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                       "record": str(args.judge), "shapes_file": str(spec.path),
+                       "how": "the record's times judged against the shapes file's targets; "
+                              "nothing was timed again",
+                       "unlisted": [r["name"] for r in rows if r["name"] not in by_name]}}
+    out = sys.stderr if args.json == "-" else sys.stdout
+    print(format_report(body), file=out, flush=True)
+    if body["judged"]["unlisted"]:
+        print(f"not in {spec.path} (no target): {', '.join(body['judged']['unlisted'])}", file=out)
+    if args.json == "-":
+        sys.stdout.write(json_text(body))
+    elif args.json:
+        atomic_write_text(Path(args.json), json_text(body))
+        print(f"wrote {args.json} (judged against {spec.path})", file=out)
+    return EXIT_FAIL if not rec["ok"] or targets_missed(body["targets"]) else EXIT_OK
+
+
 def run(args) -> int:
     from refattn.cases import CaseError
     from refattn.cli import UsageError, check_outputs
@@ -1405,6 +1522,8 @@ def run(args) -> int:
     from refattn.kernels import best_kernel, kernel_available, kernel_source_hash
 
     check_outputs(args, ("json",))  # before the bench, not after minutes of it
+    if args.judge is not None:
+        return judge_record(args)
     if args.rounds > args.reps:
         raise UsageError(f"argument --rounds: at most --reps ({args.reps}) rounds, got {args.rounds}")
     t_start = time.perf_counter()
@@ -1426,7 +1545,7 @@ def run(args) -> int:
     kernel = Impl(str(adapter.name), adapter, "kernel", True, reason, khash, _sync_for(adapter, T))
     peers: list[Impl] = []
     peers_available: dict = {}
-    for spec_name in args.peers:
+    for spec_name in DEFAULT_PEERS if args.peers is None else args.peers:
         pa = resolve_peer(spec_name)
         name = str(pa.name)
         if name == kernel.name or any(p.name == name for p in peers):

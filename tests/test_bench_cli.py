@@ -1066,6 +1066,95 @@ def test_a_bad_peer_within_is_an_error_naming_the_key(tmp_path, table, words):
         assert w in str(e.value), str(e.value)
 
 
+# --------------------------------------------------------------------------- --judge: new targets, old times
+
+def _record(capsys, tmp_path, fake_timer, shapes) -> Path:
+    fake_timer.ms = {"fake-kernel|sink": 0.45, "fake-kernel|nosink": 0.495, "sink-peer": 0.5}
+    code, rec, err = bench_json(capsys, shapes, peers=f"{HERE}:SinkPeer")
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(rec))
+    return path
+
+
+def test_judge_applies_the_files_targets_to_a_records_times_without_timing(capsys, tmp_path, fake_timer, shapes_file):
+    run = _record(capsys, tmp_path, fake_timer, shapes_file)  # TINY: no peer target
+    before = json.loads(run.read_text())
+    assert before["targets"]["peer_within"] == [] and before["targets"]["misses"] == []
+    fake_timer.bursts.clear()
+    code, out, err = run_cli(capsys, "bench", "--judge", str(run), "--shapes",
+                             str(peer_within_file(tmp_path, "sink-peer")), "--json", "-")
+    assert fake_timer.bursts == []  # nothing timed
+    assert code == 1, err  # plain-20@3 misses 0.95x sink-peer
+    rec = json.loads(out)
+    assert [(w["shape"], w["hit"]) for w in rec["targets"]["peer_within"]] == [
+        ("tiny-8@4", True), ("tiny-120@50-w16", True), ("plain-20@3", False)]
+    assert rec["peer_within"]["peer"] == "sink-peer"
+    # the run's own fields are kept: times, checks, date, source hash
+    for key in ("date", "kernel_source_hash", "device", "ok", "timing", "kernel", "peers_requested"):
+        assert rec[key] == before[key], key
+    assert [r["results"] for r in rec["shapes"]] == [r["results"] for r in before["shapes"]]
+    j = rec["judged"]
+    assert j["record"] == str(run) and j["shapes_file"].endswith("peer.toml") and j["unlisted"] == []
+    assert "nothing was timed again" in err and "1 missed (plain-20@3 0.99x)" in err
+
+
+def test_judge_with_the_runs_own_file_gives_the_runs_verdicts(capsys, tmp_path, fake_timer):
+    shapes = peer_within_file(tmp_path, "sink-peer")
+    run = _record(capsys, tmp_path, fake_timer, shapes)
+    before = json.loads(run.read_text())
+    code, out, _ = run_cli(capsys, "bench", "--judge", str(run), "--shapes", str(shapes), "--json", "-")
+    assert code == 1 and json.loads(out)["targets"] == before["targets"]
+    assert [r["target"] for r in json.loads(out)["shapes"]] == [r["target"] for r in before["shapes"]]
+
+
+def test_judge_a_row_the_file_does_not_list_has_no_target(capsys, tmp_path, fake_timer, shapes_file):
+    run = _record(capsys, tmp_path, fake_timer, shapes_file)
+    smaller = write(tmp_path / "one.toml", TINY.split("[[shape]]")[0] + "[[shape]]\nfamily = \"tiny\"\n"
+                                                                      "sq = 8\npast_len = 4\ntarget_ms = 0.4\n")
+    out_path = tmp_path / "judged.json"
+    code, out, err = run_cli(capsys, "bench", "--judge", str(run), "--shapes", str(smaller),
+                             "--json", str(out_path))
+    rec = json.loads(out_path.read_text())
+    assert code == 1  # 0.45 ms against the new 0.4
+    assert rec["targets"]["misses"] == ["tiny-8@4"] and rec["targets"]["hits"] == []
+    assert rec["judged"]["unlisted"] == ["tiny-120@50-w16", "plain-20@3"]
+    assert [r["target"] for r in rec["shapes"]][1:] == [None, None]
+    assert "not in " in out and "(no target): tiny-120@50-w16, plain-20@3" in out
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--kernel", f"{HERE}:FakeKernel"], "--kernel: not with --judge"),
+    (["--peers", "none"], "--peers: not with --judge"),
+    (["--reps", "40"], "--reps: not with --judge"),
+    (["--rounds", "3"], "--rounds: not with --judge"),
+    (["--no-ceilings"], "--no-ceilings: not with --judge"),
+    (["--shapes", "gptoss-512@8192"], "--shapes: with --judge, a shapes file (.toml)"),
+])
+def test_judge_refuses_the_options_of_a_timed_run(capsys, tmp_path, fake_timer, shapes_file, extra, words):
+    run = _record(capsys, tmp_path, fake_timer, shapes_file)
+    code, out, err = run_cli(capsys, "bench", "--judge", str(run), *extra)
+    assert code == 2 and words in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("text, words", [
+    ("{", "cannot read a JSON record: JSONDecodeError"),
+    ("[1]", "not a bench record (kind 'list')"),
+    ('{"kind": "matrix"}', "not a bench record (kind 'matrix')"),
+    ('{"kind": "bench", "schema": 1, "kernel_source_hash": "x", "device": "d", "ok": "yes"}',
+     "ok: expected true or false, got a string"),
+    ('{"kind": "bench", "schema": 1, "kernel_source_hash": "x", "device": "d", "ok": true}',
+     "expected 'kernel' and a non-empty list 'shapes'"),
+    ('{"kind": "bench", "schema": 1, "kernel_source_hash": "x", "device": "d", "ok": true, '
+     '"kernel": "k", "shapes": [{"name": "a"}]}', "shapes[0]: expected 'name', 'geometry', 'flops' and 'results'"),
+])
+def test_judge_refuses_a_file_that_is_not_a_bench_record_naming_it(capsys, tmp_path, text, words):
+    bad = write(tmp_path / "bad.json", text)
+    code, out, err = run_cli(capsys, "bench", "--judge", str(bad))
+    assert code == 2 and f"--judge: {bad}: " in err and words in err and "Traceback" not in err, err
+    code, _, err = run_cli(capsys, "bench", "--judge", str(tmp_path / "none.json"))
+    assert code == 2 and "cannot read a JSON record: FileNotFoundError" in err
+
+
 # --------------------------------------------------------------------------- interleaved rounds
 
 class DriftingTimer:
