@@ -38,9 +38,7 @@ def _run_bench(monkeypatch, tmp_path, rc, rec):
 def test_missed_targets_of_a_passing_run_are_printed_not_raised(monkeypatch, tmp_path, capsys):
     _run_bench(monkeypatch, tmp_path, 1, {"ok": True, "targets": _targets(
         misses=["gptoss-16384@0"], peer_within=PEER_MISS)})
-    out = capsys.readouterr().out
-    assert "bench: every check passed; targets missed, as the record says: " in out
-    assert "gptoss-16384@0; gptoss-16384@0 (1.02x fa4)" in out
+    assert "bench: every check passed; targets missed" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("rc, rec", [
